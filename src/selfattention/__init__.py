@@ -1,0 +1,35 @@
+"""selfattention: self-attention exactly as the lectures describe it, made into real software.
+
+The spec lives in :mod:`selfattention.functional`; masks in :mod:`selfattention.masks`; modules in
+:mod:`selfattention.modules`; traces of the named steps in :mod:`selfattention.trace`.
+"""
+
+from . import masks
+from ._validation import FloatMaskWarning
+from .functional import (
+    AttentionSteps,
+    attention_steps,
+    attention_weights,
+    scaled_dot_product_attention,
+    simple_attention,
+    simple_attention_steps,
+)
+from .modules import SelfAttention, SimpleSelfAttention
+from .trace import AttentionTrace, capture
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionSteps",
+    "AttentionTrace",
+    "FloatMaskWarning",
+    "SelfAttention",
+    "SimpleSelfAttention",
+    "attention_steps",
+    "attention_weights",
+    "capture",
+    "masks",
+    "scaled_dot_product_attention",
+    "simple_attention",
+    "simple_attention_steps",
+]

@@ -1,0 +1,188 @@
+"""Argument checks shared by every attention path.
+
+Every public function validates its input here, so that bad input gets one clear ``ValueError`` or
+``TypeError`` naming the argument, the expected and the actual shape/dtype/device, instead of a
+stack trace from deep inside torch or a silent NaN.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+
+__all__ = [
+    "check_qkv",
+    "check_mask",
+    "resolve_scale",
+    "check_dropout",
+    "check_positive_int",
+    "FloatMaskWarning",
+]
+
+
+class FloatMaskWarning(UserWarning):
+    """A float ``attn_mask`` made only of 0s and 1s: probably meant as a keep-mask (use bool)."""
+
+
+def _fmt(shape: torch.Size | tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def _check_tensor(name: str, t: object) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64), got dtype {t.dtype}"
+        )
+    return t
+
+
+def check_qkv(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    enable_gqa: bool = False,
+) -> tuple[torch.Size, int, int]:
+    """Validate (..., H, Tq, D), (..., Hkv, Tk, D), (..., Hkv, Tk, Dv).
+
+    Returns the broadcast batch shape (everything before the last two dims, heads included) of the
+    output, ``Tq`` and ``Tk``. Raises ``TypeError`` for non-tensors and non-float or mixed dtypes,
+    ``ValueError`` for rank, size, head-count and device mismatches.
+    """
+    _check_tensor("query", query)
+    _check_tensor("key", key)
+    _check_tensor("value", value)
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            "query, key and value must have the same dtype, got "
+            f"query {query.dtype}, key {key.dtype}, value {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            "query, key and value must be on the same device, got "
+            f"query on {query.device}, key on {key.device}, value on {value.device}"
+        )
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.dim() < 2:
+            raise ValueError(f"{name} must have at least 2 dims (..., T, D), got shape {_fmt(t.shape)}")
+    if not (query.dim() == key.dim() == value.dim()):
+        raise ValueError(
+            "query, key and value must have the same number of dims, got "
+            f"query {_fmt(query.shape)}, key {_fmt(key.shape)}, value {_fmt(value.shape)}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must have the same head_dim (last dim), got query {_fmt(query.shape)} "
+            f"(D={query.shape[-1]}) and key {_fmt(key.shape)} (D={key.shape[-1]})"
+        )
+    if key.shape[-2] != value.shape[-2]:
+        raise ValueError(
+            f"key and value must have the same sequence length (dim -2), got key {_fmt(key.shape)} "
+            f"(Tk={key.shape[-2]}) and value {_fmt(value.shape)} (Tk={value.shape[-2]})"
+        )
+    if key.shape[:-2] != value.shape[:-2]:
+        raise ValueError(
+            f"key and value must have the same batch/head dims, got key {_fmt(key.shape)} and value "
+            f"{_fmt(value.shape)}"
+        )
+    q_batch, k_batch = query.shape[:-2], key.shape[:-2]
+    if enable_gqa and query.dim() >= 3:
+        hq, hkv = query.shape[-3], key.shape[-3]
+        if hkv == 0 or hq % hkv != 0:
+            raise ValueError(
+                f"grouped-query attention needs the query heads to be a multiple of the key/value heads, "
+                f"got query heads {hq} (query {_fmt(query.shape)}) and key/value heads {hkv} "
+                f"(key {_fmt(key.shape)})"
+            )
+        q_batch, k_batch = q_batch[:-1], k_batch[:-1]
+    try:
+        batch = torch.broadcast_shapes(q_batch, k_batch)
+    except RuntimeError:
+        hint = ""
+        if query.dim() >= 3 and query.shape[-3] != key.shape[-3] and not enable_gqa:
+            hint = " (different head counts: pass enable_gqa=True for grouped-query attention)"
+        raise ValueError(
+            f"query {_fmt(query.shape)} and key {_fmt(key.shape)} have batch/head dims that do not "
+            f"broadcast{hint}"
+        ) from None
+    if enable_gqa and query.dim() >= 3:
+        batch = torch.Size((*batch, query.shape[-3]))
+    return batch, query.shape[-2], key.shape[-2]
+
+
+def check_mask(
+    attn_mask: torch.Tensor | None,
+    out_batch: torch.Size,
+    q_len: int,
+    k_len: int,
+    device: torch.device,
+) -> None:
+    """A mask must be bool (True = attend) or floating (added to the scores) and broadcast to
+    ``(*out_batch, Tq, Tk)``. Warns with :class:`FloatMaskWarning` for a float mask of only 0s and 1s."""
+    if attn_mask is None:
+        return
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(
+            f"attn_mask must be bool (True = attend) or floating (added to the scores), got dtype "
+            f"{attn_mask.dtype}; for a 0/1 integer keep-mask use attn_mask.bool()"
+        )
+    if attn_mask.device != device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {device}")
+    target = (*out_batch, q_len, k_len)
+    try:
+        full = torch.broadcast_shapes(attn_mask.shape, target)
+    except RuntimeError:
+        full = None
+    if full is None or tuple(full) != target:
+        raise ValueError(
+            f"attn_mask of shape {_fmt(attn_mask.shape)} does not broadcast to the scores' shape "
+            f"{_fmt(target)} (batch..., Tq, Tk)"
+        )
+    if attn_mask.is_floating_point() and attn_mask.numel() > 0:
+        if bool(torch.isnan(attn_mask).any()):
+            raise ValueError("attn_mask contains NaN; use -inf to hide a key, 0 to keep it")
+        ones = attn_mask == 1
+        if bool(ones.any()) and bool((ones | (attn_mask == 0)).all()):
+            warnings.warn(
+                "attn_mask is a float tensor of only 0s and 1s; a float mask is ADDED to the scores, so 1 "
+                "does not hide anything. If you meant 1 = attend, pass attn_mask.bool()",
+                FloatMaskWarning,
+                stacklevel=3,
+            )
+
+
+def resolve_scale(scale: float | None, head_dim: int) -> float:
+    """``None`` means 1/sqrt(head_dim); any finite number, 0.0 included, is used as given."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+    if isinstance(scale, torch.Tensor):
+        if scale.numel() != 1:
+            raise ValueError(f"scale must be a number, got a tensor of shape {_fmt(scale.shape)}")
+        scale = scale.item()
+    if isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def check_dropout(dropout_p: float) -> float:
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, int | float):
+        raise TypeError(f"dropout_p must be a float in [0, 1), got {type(dropout_p).__name__}")
+    if not (0.0 <= dropout_p < 1.0):
+        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+    return float(dropout_p)
+
+
+def check_positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value

@@ -1,0 +1,358 @@
+"""The spec: self-attention as one page of plain, float64-safe math.
+
+Every faster path in this library (tiled, torch, distributed, cached) is tested against the functions
+here. They materialise the (Tq, Tk) score table on purpose: it is what the lectures draw.
+
+Dimension legend (the layout of ``torch.nn.functional.scaled_dot_product_attention``)::
+
+    B   batch                      H   query heads        Hkv  key/value heads (H % Hkv == 0 for GQA)
+    Tq  query length (tokens)      Tk  key/value length   D    head_dim (query/key), Dv value head_dim
+    query (B, H, Tq, D)   key (B, Hkv, Tk, D)   value (B, Hkv, Tk, Dv)   →   context (B, H, Tq, Dv)
+    scores / weights (B, H, Tq, Tk)
+
+Any number of leading batch dims is allowed (``(..., T, D)``), e.g. (T, D) for one unbatched head.
+
+Sources:
+    * lecture 000 (简化自注意力): ω_ij = x_i · x_j (eq. simple-attn-score), α_ij = softmax_j(ω_ij)
+      (eq. simple-attn-weight), z_i = Σ_j α_ij x_j (eq. simple-attn-output), Z = softmax(X Xᵀ) X
+      (eq. simple-attn-matrix).
+    * lecture 003 (自注意力 Q/K/V), §3: Q = X·Wq, K = X·Wk, V = X·Wv; score(i, j) = Qᵢ·Kⱼ / √dₖ;
+      Attention(Q, K, V) = softmax(QKᵀ/√dₖ)·V.
+    * Vaswani et al. 2017, "Attention Is All You Need", eq. (1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+
+from . import _hooks
+from ._validation import check_dropout, check_mask, check_qkv, resolve_scale
+from .masks import causal_mask
+
+__all__ = [
+    "AttentionSteps",
+    "attention_steps",
+    "scaled_dot_product_attention",
+    "attention_weights",
+    "simple_attention",
+    "simple_attention_steps",
+]
+
+
+@dataclass
+class AttentionSteps:
+    """The named intermediates of one attention call (lecture 003 §3, in order).
+
+    Tensors are in the computation dtype (float32 at least; float64 stays float64), except
+    ``context``, which is cast back to the input dtype.
+
+    Attributes:
+        query, key, value: (..., H, Tq, D), (..., H, Tk, D), (..., H, Tk, Dv) — key/value with GQA heads
+            already repeated to H.
+        scores: Q Kᵀ, (..., H, Tq, Tk) — "attention scores" (logits), before scaling.
+        scaled_scores: scores · scale.
+        masked_scores: scaled scores plus the float mask, with hidden keys set to -inf.
+        visible: bool (..., H, Tq, Tk), True where the query may attend to the key.
+        weights: softmax over keys of ``masked_scores``, (..., H, Tq, Tk); rows sum to 1, or to 0 for a
+            query with no visible key. Before dropout.
+        context: weights · V, (..., H, Tq, Dv) — the "context vectors".
+        scale: the factor used (1/√D unless given).
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    scores: torch.Tensor
+    scaled_scores: torch.Tensor
+    masked_scores: torch.Tensor
+    visible: torch.Tensor
+    weights: torch.Tensor
+    context: torch.Tensor
+    scale: float
+
+    def as_dict(self) -> dict[str, torch.Tensor | float]:
+        """The steps by name, in computation order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _guarded_matmul(
+    a: torch.Tensor, b: torch.Tensor, touches_bad: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """``a @ b`` in which non-finite entries of ``b`` reach only the outputs that really use them.
+
+    A NaN or inf in a key or value that only masked-out queries would touch must not turn other
+    outputs (or gradients) into NaN through 0 · NaN. ``touches_bad(bad)`` maps the bool map of
+    non-finite entries of ``b`` to the bool map of outputs that use one; those get the honest IEEE value
+    (NaN/inf) as a constant: NaN in an attended position is reported, never scrubbed.
+    """
+    bad = ~torch.isfinite(b)
+    if not bool(bad.any()):
+        return a @ b
+    clean = a @ torch.where(bad, torch.zeros((), dtype=b.dtype, device=b.device), b)
+    with torch.no_grad():
+        honest = a @ b
+        touches = touches_bad(bad)
+    return torch.where(touches, honest, clean)
+
+
+def _visible(
+    attn_mask: torch.Tensor | None,
+    is_causal: bool,
+    shape: tuple[int, ...],
+    device: torch.device,
+) -> torch.Tensor | None:
+    """Bool (…, Tq, Tk) of the keys each query may see, or None when every key is visible."""
+    q_len, k_len = shape[-2], shape[-1]
+    visible = causal_mask(q_len, k_len, device=device) if is_causal else None
+    if attn_mask is not None:
+        keep = attn_mask if attn_mask.dtype == torch.bool else attn_mask != float("-inf")
+        visible = keep if visible is None else visible & keep
+    return None if visible is None else visible.expand(shape)
+
+
+def attention_steps(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    enable_gqa: bool = False,
+    training: bool = True,
+) -> AttentionSteps:
+    """Scaled dot-product attention with every step kept, by name. Arguments as in
+    :func:`scaled_dot_product_attention`; returns an :class:`AttentionSteps`.
+
+    >>> q = k = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    >>> steps = attention_steps(q, k, 2 * k)   # lecture 003's hand example: Wq = Wk = I, Wv = 2I
+    >>> steps.scaled_scores
+    tensor([[0.7071, 0.0000],
+            [0.0000, 0.7071]])
+    >>> steps.weights
+    tensor([[0.6698, 0.3302],
+            [0.3302, 0.6698]])
+    >>> steps.context
+    tensor([[1.3395, 0.6605],
+            [0.6605, 1.3395]])
+    """
+    batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)
+    check_mask(attn_mask, batch, q_len, k_len, query.device)
+    dropout_p = check_dropout(dropout_p)
+    scale = resolve_scale(scale, query.shape[-1])
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+
+    if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
+        group = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(group, dim=-3)  # (..., Hkv, Tk, D) -> (..., H, Tk, D)
+        value = value.repeat_interleave(group, dim=-3)
+
+    # Softmax statistics in float32 at least; float64 stays float64.
+    acc = torch.promote_types(query.dtype, torch.float32)
+    q, k, v = query.to(acc), key.to(acc), value.to(acc)
+    score_shape = (*batch, q_len, k_len)
+    visible = _visible(attn_mask, is_causal, score_shape, query.device)
+    all_visible = torch.ones((), dtype=torch.bool, device=query.device).expand(score_shape)
+    visible_or_all = all_visible if visible is None else visible
+
+    # Step 1: scores ω_ij = q_i · k_j  (…, Tq, Tk)
+    scores = _guarded_matmul(
+        q, k.transpose(-2, -1), lambda bad: visible_or_all & bad.any(dim=-2, keepdim=True)
+    )
+    # Step 2: scale by 1/√d_k (lecture 003), then add the float mask and hide invisible keys
+    scaled_scores = scores * scale
+    masked_scores = scaled_scores
+    if attn_mask is not None and attn_mask.is_floating_point():
+        masked_scores = masked_scores + attn_mask.to(acc)
+    if visible is not None:
+        masked_scores = torch.where(
+            visible, masked_scores, torch.full((), -math.inf, dtype=acc, device=q.device)
+        )
+
+    # Step 3: softmax over keys; a row with no visible key gets weights 0 (never 0/0 = NaN)
+    if k_len == 0:
+        weights = masked_scores.new_zeros(score_shape)
+    else:
+        row_max = masked_scores.amax(dim=-1, keepdim=True).detach()
+        row_max = torch.where(row_max == -math.inf, torch.zeros_like(row_max), row_max)
+        exp = torch.exp(masked_scores - row_max)
+        denom = exp.sum(dim=-1, keepdim=True)
+        weights = exp / torch.where(denom == 0, torch.ones_like(denom), denom)
+
+    used = weights
+    if dropout_p > 0.0 and training:
+        keep = torch.rand_like(weights) >= dropout_p
+        used = weights * keep / (1.0 - dropout_p)
+
+    # Step 4: context vectors z_i = Σ_j α_ij v_j  (…, Tq, Dv)
+    context = _guarded_matmul(used, v, lambda bad: (visible_or_all.to(v.dtype) @ bad.to(v.dtype)) > 0).to(
+        query.dtype
+    )
+
+    steps = AttentionSteps(
+        query=q,
+        key=k,
+        value=v,
+        scores=scores,
+        scaled_scores=scaled_scores,
+        masked_scores=masked_scores,
+        visible=visible_or_all,
+        weights=weights,
+        context=context,
+        scale=scale,
+    )
+    _hooks.record(steps)
+    return steps
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    enable_gqa: bool = False,
+    training: bool = True,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """softmax(Q Kᵀ · scale + mask) V — lecture 003's Attention(Q, K, V) = softmax(QKᵀ/√dₖ)·V.
+
+    A drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (same argument order and
+    layout), with these documented differences: causal masks are aligned bottom-right, a query with no
+    visible key returns zeros instead of NaN, and masked-out keys never leak into the result.
+
+    Args:
+        query: (..., H, Tq, D) floating tensor.
+        key: (..., Hkv, Tk, D), same dtype and device as ``query``.
+        value: (..., Hkv, Tk, Dv).
+        attn_mask: optional, broadcastable to (..., H, Tq, Tk).
+            * bool: True = this query may attend to this key. E.g. a 2-query × 3-key mask::
+
+                  1 1 0      query 0 sees keys 0, 1
+                  0 1 1      query 1 sees keys 1, 2
+
+            * float: added to the scaled scores (0 keeps, -inf hides, other values bias).
+              A float mask of only 0s and 1s warns (:class:`FloatMaskWarning`): it was probably meant
+              as a bool keep-mask.
+        dropout_p: probability of zeroing an attention weight (kept ones are scaled by 1/(1-p)).
+            Applied only when ``training`` is True; the modules pass ``self.training``.
+        is_causal: hide future keys, aligned **bottom-right**: query i sits at key position
+            Tk - Tq + i and sees keys 0 .. Tk - Tq + i. Equal to the lower triangle when Tq == Tk;
+            differs from torch SDPA (top-left) when Tq != Tk. May be combined with ``attn_mask`` (AND).
+        scale: multiplies Q Kᵀ; ``None`` means 1/√D. ``0.0`` is honoured (uniform weights).
+        enable_gqa: allow H to be a multiple of Hkv (grouped-query attention; query head h uses
+            key/value head h // (H // Hkv)).
+        training: whether dropout applies.
+        backend: ``None`` or ``"reference"`` for this function's materialising math; another name from
+            :mod:`selfattention.backends` (e.g. ``"torch"``, ``"tiled"``) to run that path instead.
+            An unknown name raises ``ValueError``; there is no silent fallback.
+
+    Returns:
+        Context vectors, (..., H, Tq, Dv), dtype of ``query``. A query row with no visible key (fully
+        masked, or Tk = 0) gets a zero vector and zero gradient. NaN or inf in a visible key/value
+        propagates (NaN in, NaN out); in a hidden one it never reaches the result.
+
+    Raises:
+        TypeError: non-tensor or non-floating inputs, mixed dtypes, integer masks.
+        ValueError: rank/size/head mismatches, a mask that does not broadcast, different devices,
+            dropout_p outside [0, 1), non-finite scale, unknown backend.
+
+    >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    >>> scaled_dot_product_attention(q, q, 2 * q)     # lecture 003: outputs (1.340, 0.660), (0.660, 1.340)
+    tensor([[1.3395, 0.6605],
+            [0.6605, 1.3395]])
+    """
+    if backend is not None and backend != "reference":
+        from .backends import get_backend
+
+        return get_backend(backend)(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+            training=training,
+        )
+    return attention_steps(
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa=enable_gqa,
+        training=training,
+    ).context
+
+
+def attention_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """The attention weights softmax(Q Kᵀ · scale + mask), shape (..., H, Tq, Tk), float32 at least.
+
+    Mask and causal semantics as in :func:`scaled_dot_product_attention`. Rows sum to 1, or to 0 for a
+    query with no visible key.
+
+    >>> attention_weights(torch.ones(2, 4), torch.ones(3, 4), is_causal=True)
+    tensor([[0.5000, 0.5000, 0.0000],
+            [0.3333, 0.3333, 0.3333]])
+    """
+    value = key[..., :0]  # (..., Tk, 0): no context vectors needed
+    return attention_steps(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa=enable_gqa).weights
+
+
+def simple_attention_steps(x: torch.Tensor) -> AttentionSteps:
+    """Lecture 000's three steps for the parameter-free form, every intermediate kept.
+
+    Query = key = value = x; no scaling (``scale=1``), no mask. See :func:`simple_attention`.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() < 2:
+        raise ValueError(f"x must have shape (..., T, d), got shape {tuple(x.shape)}")
+    _hooks.record({"inputs": x})
+    return attention_steps(x, x, x, scale=1.0)
+
+
+def simple_attention(x: torch.Tensor) -> torch.Tensor:
+    """Parameter-free self-attention Z = softmax(X Xᵀ) X (lecture 000, eq. simple-attn-matrix).
+
+    Each input vector is its own query, key and value: ω_ij = x_i · x_j (eq. simple-attn-score, no
+    1/√d scaling), α_ij = softmax_j(ω_ij) (eq. simple-attn-weight), z_i = Σ_j α_ij x_j
+    (eq. simple-attn-output).
+
+    Args:
+        x: (..., T, d) floating tensor; leading dims are batch dims.
+
+    Returns:
+        Z, (..., T, d), same dtype as ``x``.
+
+    Raises:
+        TypeError: ``x`` is not a floating tensor. ValueError: fewer than 2 dims.
+
+    >>> X = torch.tensor([[0.43, 0.15, 0.89, 0.55],    # Your      (lecture 000, Raschka ch. 3)
+    ...                   [0.55, 0.87, 0.66, 0.58],    # journey
+    ...                   [0.57, 0.85, 0.64, 0.80]])   # starts
+    >>> simple_attention(X)[1]                          # z_journey
+    tensor([0.5327, 0.7083, 0.7007, 0.6648])
+    """
+    return simple_attention_steps(x).context
