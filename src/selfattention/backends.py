@@ -100,11 +100,14 @@ def torch_sdpa(
     """``torch.nn.functional.scaled_dot_product_attention`` with this library's semantics.
 
     Differences bridged: bottom-right causal when Tq != Tk (an explicit mask is passed), rows with no
-    visible key return zeros (torch gives NaN), hidden keys holding NaN/inf are zeroed before the call,
-    ``training=False`` disables dropout. Shapes and errors as in the reference.
+    visible key return zeros and zero gradient (torch gives NaN), NaN/inf in a key or value is zeroed
+    before the call so that it reaches only the outputs that really attend to it (those are computed by
+    the spec, NaN in → NaN out), Tk = 0 gives zeros, ``training=False`` disables dropout. Shapes and
+    errors as in the reference.
     """
     batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)
     check_mask(attn_mask, batch, q_len, k_len, query.device)
+    query_in, key_in, value_in = query, key, value
     dropout_p = check_dropout(dropout_p) if training else 0.0
     scale = resolve_scale(scale, query.shape[-1])
     if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
@@ -113,7 +116,10 @@ def torch_sdpa(
         value = value.repeat_interleave(group, dim=-3)
     if q_len == 0 or k_len == 0:
         shape = (*batch, q_len, value.shape[-1])
-        return (query.sum() * 0 + key.sum() * 0 + value.sum() * 0).expand(shape).clone()
+        # zeros (Tk = 0: nothing to attend to), still connected to the inputs for autograd; the empty
+        # slices sum to exactly 0 even when the inputs hold NaN/inf
+        zero = query[..., :0].sum() + key[..., :0].sum() + value[..., :0].sum()
+        return zero.expand(shape).clone()
 
     visible = F._visible(attn_mask, is_causal, (*batch, q_len, k_len), query.device)
     mask_arg = attn_mask
@@ -121,18 +127,44 @@ def torch_sdpa(
         mask_arg = (
             visible
             if attn_mask is None or attn_mask.dtype == torch.bool
-            else (attn_mask.masked_fill(~visible, float("-inf")))
+            else torch.where(visible, attn_mask, torch.full((), float("-inf"), dtype=attn_mask.dtype))
         )
+    # Non-finite keys/values are zeroed for the fast call, so a NaN/inf in a key hidden from some query
+    # cannot reach that query through 0 · NaN (torch SDPA multiplies every key). Output entries that really
+    # use one (a visible bad key, or a visible bad value in that column) are then taken from the spec's
+    # math, which propagates NaN/inf exactly as documented (NaN in, NaN out); this costs nothing unless a
+    # key or value is non-finite.
+    bad_k = ~torch.isfinite(key)  # (..., Tk, D)
+    bad_v = ~torch.isfinite(value)  # (..., Tk, Dv)
+    any_bad = bool(bad_k.any()) or bool(bad_v.any())
+    if any_bad:
+        zero = torch.zeros((), dtype=key.dtype, device=key.device)
+        key = torch.where(bad_k, zero, key)
+        value = torch.where(bad_v, zero, value)
     if visible is not None:
-        # hidden keys must not leak NaN/inf through 0 · NaN; rows with nothing visible → zeros
-        key_seen = visible.any(dim=-2).unsqueeze(-1)  # (..., Tk, 1)
-        key = torch.where(key_seen | torch.isfinite(key), key, torch.zeros((), dtype=key.dtype))
-        value = torch.where(key_seen | torch.isfinite(value), value, torch.zeros((), dtype=value.dtype))
+        # a row with no visible key would be softmax over all -inf (NaN in torch): let it see every key
+        # for the call, then return zeros (the output is replaced, so its gradient is zero too)
+        seen_any = visible.any(dim=-1, keepdim=True)  # (..., Tq, 1)
+        if not bool(seen_any.all()):
+            if mask_arg is None or mask_arg.dtype == torch.bool:
+                mask_arg = visible | ~seen_any
+            else:
+                mask_arg = torch.where(seen_any, mask_arg, torch.zeros((), dtype=mask_arg.dtype))
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=mask_arg, dropout_p=dropout_p, scale=scale
     )
     if visible is not None:
-        out = torch.where(visible.any(dim=-1, keepdim=True), out, torch.zeros((), dtype=out.dtype))
+        out = torch.where(seen_any, out, torch.zeros((), dtype=out.dtype, device=out.device))
+    if any_bad:
+        vis = visible if visible is not None else torch.ones((), dtype=torch.bool, device=query.device)
+        vis = vis.expand(*batch, q_len, k_len)
+        uses_bad = (vis & bad_k.any(dim=-1)[..., None, :]).any(dim=-1, keepdim=True)  # (..., Tq, 1)
+        uses_bad = uses_bad | ((vis.to(torch.float32) @ bad_v.to(torch.float32)) > 0)  # (..., Tq, Dv)
+        if bool(uses_bad.any()):
+            honest = F.attention_steps(
+                query_in, key_in, value_in, attn_mask, 0.0, is_causal, scale, enable_gqa=enable_gqa
+            ).context
+            out = torch.where(uses_bad, honest, out)
     return out
 
 
