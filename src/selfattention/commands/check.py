@@ -1,0 +1,37 @@
+"""``selfattention check FILE.toml``: recompute a worked example and judge every printed number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..worked import load_example
+from . import console
+from .demo import show_example
+
+
+def check(
+    files: list[Path] = typer.Argument(
+        ..., help="Worked-example TOML files (or shipped names: journey, two-token)."
+    ),
+    strict: bool = typer.Option(False, "--strict", help="Exit with code 1 if any printed number is wrong."),
+    decimals: int = typer.Option(4, help="Decimals shown in the step tables."),
+) -> None:
+    """Recompute each printed number of a worked example: ok / within rounding / wrong.
+
+    See the README section "Worked-example checker" for the file format."""
+    total_wrong = 0
+    for f in files:
+        example = load_example(f)
+        wrong = show_example(example, decimals)
+        total_wrong += wrong
+        n = len(example.printed)
+        status = f"[red]{wrong} wrong[/red]" if wrong else "[green]no wrong numbers[/green]"
+        console.print(f"{f}: {n} printed numbers checked, {status}")
+    if strict and total_wrong:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("check")(check)

@@ -1,0 +1,121 @@
+"""``selfattention demo``: replay both lectures' worked examples step by step, checking printed numbers."""
+
+from __future__ import annotations
+
+import typer
+from rich.panel import Panel
+from rich.table import Table
+
+from ..trace import matrix_table
+from ..worked import OK, WITHIN, WorkedExample, list_examples, load_example
+from . import UsageError, console
+
+_STYLE = {OK: "green", WITHIN: "yellow", "wrong": "bold red"}
+_STEP_TITLES = [
+    ("inputs", "inputs X (one row per token)"),
+    ("query", "query Q = X·W_query"),
+    ("key", "key K = X·W_key"),
+    ("value", "value V = X·W_value"),
+    ("scores", "step 1 — attention scores ω = Q Kᵀ (row i: token i as the query)"),
+    ("scaled_scores", "scaled scores ω · scale"),
+    ("exp_scores", "exp(scaled scores)"),
+    ("normaliser", "softmax normaliser Σⱼ exp(ωᵢⱼ) per query"),
+    ("weights", "step 2 — attention weights α = softmax (rows sum to 1)"),
+    ("context", "step 3 — context vectors z = α · V"),
+]
+
+
+def check_table(example: WorkedExample) -> tuple[Table, int]:
+    """The printed-vs-exact table of an example and the number of wrong values."""
+    table = Table(title="every number the text prints, recomputed", title_justify="left")
+    for col, just in (("what the text says", "left"), ("step[at]", "left"), ("printed", "right")):
+        table.add_column(col, justify=just)
+    for col in ("exact", "error", "verdict"):
+        table.add_column(col, justify="right")
+    wrong = 0
+    for r in example.check():
+        n = r.number
+        style = _STYLE.get(r.status, "")
+        wrong += r.status == "wrong"
+        at = f"[{', '.join(map(str, n.at))}]" if n.at else ""
+        table.add_row(
+            n.text,
+            f"{n.step}{at}",
+            f"{n.printed:.{n.decimals}f}",
+            f"{r.exact:.{n.decimals + 3}f}",
+            f"{r.error:+.{n.decimals + 2}f}",
+            f"[{style}]{r.status}[/{style}]",
+        )
+    return table, wrong
+
+
+def show_example(example: WorkedExample, decimals: int = 4) -> int:
+    """Print an example's steps and checks; returns the number of wrong printed values."""
+    console.rule(f"[bold]{example.title}")
+    if example.source:
+        console.print(f"[dim]source: {example.source}[/dim]")
+    vals = example.values()
+    simple = example.kind == "simple"
+    if simple:
+        console.print("query = key = value = X (no learnable parameters), scale = 1 (lecture 000: no 1/√d)")
+    else:
+        console.print(f"scale = 1/√d_k = {example.steps.scale:.6f}")
+    labels = example.tokens
+    for name, title in _STEP_TITLES:
+        if simple and name in ("query", "key", "value", "scaled_scores"):
+            continue
+        m = vals[name]
+        cols = labels if name in ("scores", "scaled_scores", "exp_scores", "weights") else None
+        if name == "normaliser":
+            m, cols = m[:, None], ["Σ exp"]
+        console.print(matrix_table(m, title=title, row_labels=labels, col_labels=cols, decimals=decimals))
+    focus = example.focus
+    if focus is not None:
+        w, ctx = vals["weights"][focus], vals["context"][focus]
+        vname = "x" if simple else "v"
+        terms = " + ".join(f"{float(w[j]):.4f}·{vname}({labels[j]})" for j in range(len(labels)))
+        vec = ", ".join(f"{float(c):.4f}" for c in ctx)
+        console.print(f"[bold]context vector of {labels[focus]!r}[/bold]: z = {terms} = [{vec}]")
+    table, wrong = check_table(example)
+    console.print(table)
+    return wrong
+
+
+def demo(
+    example: list[str] = typer.Option(
+        None, "--example", "-e", help="Only these examples (default: all shipped: journey, two-token)."
+    ),
+    decimals: int = typer.Option(4, help="Decimals shown in the step tables."),
+) -> None:
+    """Replay the lectures' worked examples step by step with exact values; flag printed numbers
+    that are off by more than their own rounding."""
+    names = example or list_examples()
+    unknown = [n for n in names if n not in list_examples()]
+    if unknown:
+        raise UsageError(f"unknown example {unknown[0]!r}; shipped examples: {', '.join(list_examples())}")
+    if not 0 <= decimals <= 12:
+        raise UsageError(f"--decimals must be between 0 and 12, got {decimals}")
+    summary = []
+    for name in names:
+        ex = load_example(name)
+        wrong = show_example(ex, decimals)
+        summary.append((ex, wrong))
+    lines = []
+    for ex, wrong in summary:
+        total = len(ex.printed)
+        if wrong:
+            bad = [r for r in ex.check() if r.status == "wrong"]
+            what = "; ".join(
+                f"{r.number.step}{list(r.number.at)} printed {r.number.printed} (exact {r.exact:.4f})"
+                for r in bad
+            )
+            lines.append(
+                f"[bold]{ex.name}[/bold]: [red]{wrong} of {total} printed numbers are wrong[/red]: {what}"
+            )
+        else:
+            lines.append(f"[bold]{ex.name}[/bold]: [green]all {total} printed numbers check out[/green]")
+    console.print(Panel("\n".join(lines), title="verdict", expand=False))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)

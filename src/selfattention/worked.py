@@ -1,0 +1,360 @@
+"""Worked examples as data, recomputed exactly, with every printed number checked.
+
+A course author writes a TOML file with the inputs (token vectors, optionally projection matrices) and
+the numbers their text prints, with the decimals shown; :func:`load_example` reads it,
+:meth:`WorkedExample.steps` recomputes every step with :mod:`selfattention.functional` in float64, and
+:meth:`WorkedExample.check` reports each printed number as ``ok``, ``within rounding`` or ``wrong``.
+
+File format (``kind = "simple"``: lecture 000's query = key = value = inputs, no scaling;
+``kind = "qkv"``: Q = X·W_query, K = X·W_key, V = X·W_value, scale 1/√d_k unless ``scale`` is given)::
+
+    title = "Two tokens by hand"
+    kind = "qkv"
+    tokens = ["x1", "x2"]
+    inputs = [[1.0, 0.0], [0.0, 1.0]]      # (T, d_in), one row per token
+    W_query = [[1.0, 0.0], [0.0, 1.0]]     # (d_in, d_k): the lecture's row-vector convention x·W
+    W_key = [[1.0, 0.0], [0.0, 1.0]]
+    W_value = [[2.0, 0.0], [0.0, 2.0]]
+
+    [[printed]]
+    step = "weights"       # inputs query key value scores scale scaled_scores exp_scores normaliser weights context
+    at = [0, 0]            # row (query token), column; [i] for normaliser; omit for scale
+    value = "0.670"        # a string keeps the decimals shown ("0.670" = 3 decimals); or a number plus
+    text = "weight(1,1)"   #   decimals = 3
+                           # optional: text (the sentence in the source), decimals
+    # optional top-level: name, source, scale (default 1 for simple, 1/√d_k for qkv), focus (a token
+    # index whose weighted sum the demo writes out)
+
+Verdicts, with d the decimals shown and e the exact value:
+    ok               |printed - e| ≤ ½·10⁻ᵈ (correctly rounded)
+    within rounding  |printed - e| ≤ 1·10⁻ᵈ (one unit in the last digit: computed from rounded
+                     intermediates)
+    wrong            anything further off
+
+Source of the shipped examples: lecture 000 (``journey``) and lecture 003 (``two-token``).
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from .functional import AttentionSteps, attention_steps
+
+__all__ = [
+    "WorkedExample",
+    "PrintedNumber",
+    "CheckResult",
+    "WorkedExampleError",
+    "list_examples",
+    "load_example",
+    "STEPS",
+]
+
+STEPS = (
+    "inputs",
+    "query",
+    "key",
+    "value",
+    "scores",
+    "scale",
+    "scaled_scores",
+    "exp_scores",
+    "normaliser",
+    "weights",
+    "context",
+)
+
+OK, WITHIN, WRONG = "ok", "within rounding", "wrong"
+
+
+class WorkedExampleError(ValueError):
+    """A worked-example file that cannot be read: says which file, which field and why."""
+
+
+@dataclass(frozen=True)
+class PrintedNumber:
+    """One number a text prints: ``step[at]`` shown as ``printed`` with ``decimals`` decimals."""
+
+    step: str
+    at: tuple[int, ...]
+    printed: float
+    decimals: int
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """A printed number against the exact value; ``error`` = printed − exact."""
+
+    number: PrintedNumber
+    exact: float
+    error: float
+    status: str
+
+    @property
+    def units_off(self) -> float:
+        """|error| in units of the last printed digit."""
+        return abs(self.error) * 10**self.number.decimals
+
+
+def classify(printed: float, exact: float, decimals: int) -> str:
+    """``ok`` / ``within rounding`` / ``wrong`` (see the module docstring).
+
+    >>> classify(0.36, 0.37209, 2), classify(0.21, 0.21254, 2), classify(0.66, 0.6698, 2)
+    ('wrong', 'ok', 'within rounding')
+    """
+    err = abs(printed - exact)
+    unit = 10.0**-decimals
+    slack = 1e-9 * max(1.0, abs(exact))
+    if err <= 0.5 * unit + slack:
+        return OK
+    if err <= unit + slack:
+        return WITHIN
+    return WRONG
+
+
+@dataclass
+class WorkedExample:
+    """A worked example: inputs, optional projections, and the numbers a text prints about it."""
+
+    name: str
+    title: str
+    kind: str
+    tokens: list[str]
+    inputs: torch.Tensor  # (T, d_in) float64
+    W_query: torch.Tensor | None = None  # (d_in, d_k)
+    W_key: torch.Tensor | None = None
+    W_value: torch.Tensor | None = None
+    scale: float | None = None
+    source: str = ""
+    printed: list[PrintedNumber] = field(default_factory=list)
+    path: Path | None = None
+    focus: int | None = None  # a token whose context vector the text works out
+
+    @property
+    def steps(self) -> AttentionSteps:
+        """Every step, recomputed in float64 by :func:`selfattention.functional.attention_steps`."""
+        x = self.inputs
+        if self.kind == "simple":
+            return attention_steps(x, x, x, scale=1.0 if self.scale is None else self.scale)
+        assert self.W_query is not None and self.W_key is not None and self.W_value is not None
+        return attention_steps(x @ self.W_query, x @ self.W_key, x @ self.W_value, scale=self.scale)
+
+    def values(self) -> dict[str, torch.Tensor]:
+        """All steps by name, plus the derived ``exp_scores`` (exp of the scaled scores, before
+        normalising) and ``normaliser`` (their row sums, the softmax denominator)."""
+        s = self.steps
+        exp_scores = torch.exp(s.masked_scores)
+        return {
+            "inputs": self.inputs,
+            "query": s.query,
+            "key": s.key,
+            "value": s.value,
+            "scores": s.scores,
+            "scale": torch.tensor(s.scale, dtype=torch.float64),
+            "scaled_scores": s.scaled_scores,
+            "exp_scores": exp_scores,
+            "normaliser": exp_scores.sum(-1),
+            "weights": s.weights,
+            "context": s.context,
+        }
+
+    def check(self) -> list[CheckResult]:
+        """Recompute every printed number; one :class:`CheckResult` each, in file order."""
+        vals = self.values()
+        out = []
+        for n in self.printed:
+            t = vals[n.step]
+            try:
+                exact = float(t[n.at] if n.at else t)
+            except (IndexError, RuntimeError, ValueError):
+                raise WorkedExampleError(
+                    f"{self._where()}: printed number {n.text or n.step!r}: index {list(n.at)} is out of range "
+                    f"for step {n.step!r} of shape {tuple(t.shape)}"
+                ) from None
+            out.append(CheckResult(n, exact, n.printed - exact, classify(n.printed, exact, n.decimals)))
+        return out
+
+    def _where(self) -> str:
+        return str(self.path) if self.path else self.name
+
+
+def list_examples() -> list[str]:
+    """Names of the shipped worked examples.
+
+    >>> list_examples()
+    ['journey', 'two-token']
+    """
+    folder = resources.files("selfattention") / "examples"
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".toml"))
+
+
+def load_example(name_or_path: str | Path) -> WorkedExample:
+    """Load a shipped example by name (see :func:`list_examples`) or a TOML file by path.
+
+    Raises :class:`WorkedExampleError` (a ``ValueError``) naming the file and the problem for a missing
+    file, malformed TOML, missing or ill-shaped fields, unknown steps, and non-finite numbers.
+
+    >>> ex = load_example("two-token")
+    >>> [(r.number.text, r.status) for r in ex.check()][9]
+    ('weight(1,1) ≈ 2.028 / 3.028 ≈ 0.670', 'ok')
+    """
+    p = Path(name_or_path)
+    if p.suffix != ".toml" and str(name_or_path) in list_examples():
+        resource = resources.files("selfattention") / "examples" / f"{name_or_path}.toml"
+        text, where = resource.read_text(encoding="utf-8"), Path(str(resource))
+    else:
+        if not p.exists():
+            shipped = ", ".join(list_examples())
+            raise WorkedExampleError(
+                f"no such worked example or file: {str(name_or_path)!r} (shipped: {shipped})"
+            )
+        if p.is_dir():
+            raise WorkedExampleError(f"{p} is a directory, expected a .toml file")
+        try:
+            text = p.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise WorkedExampleError(f"{p}: not a UTF-8 text file") from None
+        where = p
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise WorkedExampleError(f"{where}: malformed TOML: {e}") from None
+    return _parse(data, where)
+
+
+def _matrix(data: dict, key: str, where: Path, required: bool = True) -> torch.Tensor | None:
+    if key not in data:
+        if required:
+            raise WorkedExampleError(f"{where}: missing field {key!r}")
+        return None
+    rows = data[key]
+    if (
+        not isinstance(rows, list)
+        or not rows
+        or not all(isinstance(r, list) and r and all(_is_number(v) for v in r) for r in rows)
+    ):
+        raise WorkedExampleError(f"{where}: {key!r} must be a non-empty list of rows of numbers")
+    if len({len(r) for r in rows}) != 1:
+        raise WorkedExampleError(
+            f"{where}: the rows of {key!r} have different lengths {[len(r) for r in rows]}"
+        )
+    m = torch.tensor(rows, dtype=torch.float64)
+    if not torch.isfinite(m).all():
+        raise WorkedExampleError(f"{where}: {key!r} contains a non-finite number")
+    return m
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _decimals(s: str) -> int:
+    s = s.strip().lower()
+    if "e" in s:
+        raise ValueError
+    return len(s.split(".", 1)[1]) if "." in s else 0
+
+
+def _parse(data: dict, where: Path) -> WorkedExample:
+    kind = data.get("kind", "simple")
+    if kind not in ("simple", "qkv"):
+        raise WorkedExampleError(f"{where}: kind must be 'simple' or 'qkv', got {kind!r}")
+    inputs = _matrix(data, "inputs", where)
+    assert inputs is not None
+    n_tokens, d_in = inputs.shape
+    tokens = data.get("tokens", [f"x{i + 1}" for i in range(n_tokens)])
+    if not isinstance(tokens, list) or len(tokens) != n_tokens:
+        raise WorkedExampleError(f"{where}: 'tokens' must list one name per input row ({n_tokens})")
+    mats: dict[str, torch.Tensor | None] = {}
+    for key in ("W_query", "W_key", "W_value"):
+        mats[key] = _matrix(data, key, where, required=kind == "qkv")
+        if kind == "simple" and mats[key] is not None:
+            raise WorkedExampleError(f"{where}: {key!r} given but kind = 'simple' (use kind = 'qkv')")
+        if mats[key] is not None and mats[key].shape[0] != d_in:
+            raise WorkedExampleError(
+                f"{where}: {key!r} has {mats[key].shape[0]} rows but the inputs have d_in = {d_in} columns "
+                "(inputs are rows: x·W needs W of shape (d_in, d_out))"
+            )
+    if kind == "qkv" and mats["W_query"].shape[1] != mats["W_key"].shape[1]:
+        raise WorkedExampleError(
+            f"{where}: W_query {tuple(mats['W_query'].shape)} and W_key {tuple(mats['W_key'].shape)} must have "
+            "the same number of columns (d_k)"
+        )
+    scale = data.get("scale")
+    if scale is not None and (not _is_number(scale) or not math.isfinite(scale)):
+        raise WorkedExampleError(f"{where}: scale must be a finite number, got {scale!r}")
+    focus = data.get("focus")
+    if focus is not None and (
+        not isinstance(focus, int) or isinstance(focus, bool) or not 0 <= focus < n_tokens
+    ):
+        raise WorkedExampleError(f"{where}: focus must be a token index in 0..{n_tokens - 1}, got {focus!r}")
+    printed = []
+    entries = data.get("printed", [])
+    if not isinstance(entries, list):
+        raise WorkedExampleError(f"{where}: 'printed' must be an array of tables ([[printed]])")
+    for i, entry in enumerate(entries, 1):
+        printed.append(_parse_printed(entry, i, where))
+    return WorkedExample(
+        name=str(data.get("name", where.stem)),
+        title=str(data.get("title", where.stem)),
+        kind=kind,
+        tokens=[str(t) for t in tokens],
+        inputs=inputs,
+        W_query=mats["W_query"],
+        W_key=mats["W_key"],
+        W_value=mats["W_value"],
+        scale=float(scale) if scale is not None else None,
+        source=str(data.get("source", "")),
+        printed=printed,
+        path=where,
+        focus=focus,
+    )
+
+
+def _parse_printed(entry: object, i: int, where: Path) -> PrintedNumber:
+    ctx = f"{where}: [[printed]] entry {i}"
+    if not isinstance(entry, dict):
+        raise WorkedExampleError(f"{ctx} must be a table")
+    step = entry.get("step")
+    if step not in STEPS:
+        raise WorkedExampleError(f"{ctx}: step must be one of {', '.join(STEPS)}; got {step!r}")
+    if "value" not in entry:
+        raise WorkedExampleError(f"{ctx}: missing 'value' (the number as printed, e.g. \"0.670\")")
+    raw = entry["value"]
+    if _is_number(raw) and "decimals" not in entry:
+        raise WorkedExampleError(
+            f"{ctx}: a numeric value needs 'decimals' (TOML drops trailing zeros); "
+            f'or write the value as a string, e.g. "{raw}"'
+        )
+    try:
+        if isinstance(raw, str):
+            printed = float(raw)
+            decimals = int(entry["decimals"]) if "decimals" in entry else _decimals(raw)
+        elif _is_number(raw):
+            printed, decimals = float(raw), int(entry["decimals"])
+        else:
+            raise ValueError
+    except (ValueError, TypeError):
+        raise WorkedExampleError(
+            f'{ctx}: value must be a decimal number or a string like "0.670", got {raw!r}'
+        ) from None
+    if not math.isfinite(printed) or decimals < 0 or decimals > 15:
+        raise WorkedExampleError(f"{ctx}: value {raw!r} / decimals {decimals} out of range")
+    at = entry.get("at", [])
+    if not isinstance(at, list) or not all(
+        isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in at
+    ):
+        raise WorkedExampleError(f"{ctx}: 'at' must be a list of non-negative integers, got {at!r}")
+    expected_rank = {"scale": 0, "normaliser": 1}.get(step, 2)
+    if len(at) != expected_rank:
+        raise WorkedExampleError(f"{ctx}: step {step!r} needs 'at' with {expected_rank} indices, got {at!r}")
+    return PrintedNumber(
+        step=step, at=tuple(at), printed=printed, decimals=decimals, text=str(entry.get("text", ""))
+    )
