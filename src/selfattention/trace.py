@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -141,7 +142,7 @@ def matrix_table(
     """A 2-D tensor as a rich Table with optional row/column labels."""
     if m.dim() == 1:
         m = m[None, :]
-    table = Table(title=title, title_justify="left", show_header=True)
+    table = Table(title=title, title_justify="left", show_header=True, box=box.SIMPLE_HEAD, padding=(0, 1))
     table.add_column("", style="bold")
     n_cols = m.shape[-1]
     for j in range(n_cols):

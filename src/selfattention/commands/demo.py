@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import typer
+from rich.columns import Columns
 from rich.panel import Panel
 from rich.table import Table
 
@@ -12,16 +13,16 @@ from . import UsageError, console
 
 _STYLE = {OK: "green", WITHIN: "yellow", "wrong": "bold red"}
 _STEP_TITLES = [
-    ("inputs", "inputs X (one row per token)"),
-    ("query", "query Q = X·W_query"),
-    ("key", "key K = X·W_key"),
-    ("value", "value V = X·W_value"),
-    ("scores", "step 1 — attention scores ω = Q Kᵀ (row i: token i as the query)"),
-    ("scaled_scores", "scaled scores ω · scale"),
-    ("exp_scores", "exp(scaled scores)"),
-    ("normaliser", "softmax normaliser Σⱼ exp(ωᵢⱼ) per query"),
-    ("weights", "step 2 — attention weights α = softmax (rows sum to 1)"),
-    ("context", "step 3 — context vectors z = α · V"),
+    ("inputs", "X (inputs, a row per token)"),
+    ("query", "Q = X·W_query"),
+    ("key", "K = X·W_key"),
+    ("value", "V = X·W_value"),
+    ("scores", "1. scores ω = Q Kᵀ"),
+    ("scaled_scores", "scaled ω · scale"),
+    ("exp_scores", "exp(scaled ω)"),
+    ("normaliser", "Σⱼ exp (softmax normaliser)"),
+    ("weights", "2. weights α = softmax"),
+    ("context", "3. context z = α · V"),
 ]
 
 
@@ -61,6 +62,7 @@ def show_example(example: WorkedExample, decimals: int = 4) -> int:
     else:
         console.print(f"scale = 1/√d_k = {example.steps.scale:.6f}")
     labels = example.tokens
+    tables = []
     for name, title in _STEP_TITLES:
         if simple and name in ("query", "key", "value", "scaled_scores"):
             continue
@@ -68,7 +70,8 @@ def show_example(example: WorkedExample, decimals: int = 4) -> int:
         cols = labels if name in ("scores", "scaled_scores", "exp_scores", "weights") else None
         if name == "normaliser":
             m, cols = m[:, None], ["Σ exp"]
-        console.print(matrix_table(m, title=title, row_labels=labels, col_labels=cols, decimals=decimals))
+        tables.append(matrix_table(m, title=title, row_labels=labels, col_labels=cols, decimals=decimals))
+    console.print(Columns(tables, padding=(1, 3)))
     focus = example.focus
     if focus is not None:
         w, ctx = vals["weights"][focus], vals["context"][focus]
