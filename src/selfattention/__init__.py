@@ -14,6 +14,8 @@ from .functional import (
     simple_attention,
     simple_attention_steps,
 )
+from .kv_cache import KVCache
+from .mha import MultiHeadAttention
 from .modules import SelfAttention, SimpleSelfAttention
 from .trace import AttentionTrace, capture
 
@@ -23,6 +25,8 @@ __all__ = [
     "AttentionSteps",
     "AttentionTrace",
     "FloatMaskWarning",
+    "KVCache",
+    "MultiHeadAttention",
     "SelfAttention",
     "SimpleSelfAttention",
     "attention_steps",

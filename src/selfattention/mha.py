@@ -1,0 +1,321 @@
+"""Multi-head attention with grouped-query heads and an optional KV cache (lecture 003 §5 → lecture 10).
+
+Lecture 003 computes one set of Q, K, V. Multi-head attention computes H of them side by side ("同时从好几个
+不同的角度去检索"), each of size head_dim = embed_dim / H, and mixes the H context vectors with an output
+projection W_o (Vaswani et al. 2017, §3.2.2)::
+
+    head_h = Attention(X W_q^h, X W_k^h, X W_v^h)        MultiHead(X) = [head_1; …; head_H] W_o
+
+Grouped-query attention (Ainslie et al. 2023, "GQA") gives the keys and values only Hkv < H heads; query
+head h uses key/value head h // (H / Hkv). Hkv = 1 is multi-query attention (Shazeer 2019). The KV
+cache (and its memory) shrinks by H / Hkv.
+
+Shapes (batch first, like ``torch.nn.MultiheadAttention(batch_first=True)``)::
+
+    query (B, Tq, E)   key (B, Tk, kdim)   value (B, Tk, vdim)   →   output (B, Tq, E)
+    inside: Q (B, H, Tq, D)   K, V (B, Hkv, Tk, D)   weights (B, H, Tq, Tk),   D = E / H
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from . import _hooks
+from . import functional as F
+from ._validation import check_dropout, check_positive_int
+from .kv_cache import KVCache
+
+__all__ = ["MultiHeadAttention", "merge_masks"]
+
+
+def _fmt(shape: torch.Size | tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def merge_masks(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    """Combine two masks of this library's convention (bool True = attend, or additive float).
+
+    bool & bool → AND; float + bool → the float with hidden positions set to -inf; float + float → sum.
+
+    >>> merge_masks(torch.tensor([True, False]), torch.tensor([0.5, 0.0]))
+    tensor([0.5000,   -inf])
+    """
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if a.dtype == torch.bool and b.dtype == torch.bool:
+        return a & b
+    if a.dtype == torch.bool:
+        a, b = b, a
+    if b.dtype == torch.bool:  # a float, b bool
+        return torch.where(b, a, torch.full((), -math.inf, dtype=a.dtype, device=a.device))
+    return a + b
+
+
+def _capturing() -> bool:
+    return bool(_hooks._recorders.get())
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head (and grouped-/multi-query) scaled dot-product attention with an output projection.
+
+    Args:
+        embed_dim: E, features of the query input and of the output.
+        num_heads: H query heads; ``embed_dim`` must be divisible by it (head_dim D = E / H).
+        num_kv_heads: Hkv key/value heads (default H). Must divide H. Hkv < H is grouped-query
+            attention, Hkv = 1 multi-query attention.
+        bias: whether the four projections have a bias.
+        dropout: probability of dropping an attention weight during training (not applied in eval).
+        backend: attention path for the forward (see :mod:`selfattention.backends`); ``None`` = the
+            reference (materialising) path. ``"torch"`` runs torch SDPA with our mask semantics.
+        kdim, vdim: features of the key and value inputs for cross-attention (default E).
+
+    Parameters: ``q_proj`` (E → E), ``k_proj`` (kdim → Hkv·D), ``v_proj`` (vdim → Hkv·D),
+    ``out_proj`` (E → E), all ``nn.Linear``.
+
+    forward(query, key=None, value=None, attn_mask=None, key_padding_mask=None, is_causal=False,
+    kv_cache=None, need_weights=False) → ``(output, weights)``:
+
+    * ``query`` (B, Tq, E), or (Tq, E) unbatched. ``key``/``value`` (B, Tk, kdim)/(B, Tk, vdim) for
+      cross-attention; omitted (None) for self-attention (key = value = query). If only ``key`` is
+      given, ``value = key``.
+    * ``attn_mask``: bool, **True = attend** (the opposite of torch MHA), or additive float; shape
+      (Tq, Tk) or broadcastable to (B, H, Tq, Tk) (4-D). A 3-D mask is refused as ambiguous.
+    * ``key_padding_mask``: (B, Tk), bool **True = real token**, False = padding (torch MHA: True =
+      padding — convert with :func:`selfattention.masks.from_torch_mha`), or additive float. With a
+      ``kv_cache`` it has shape (B, Tq): one flag per token passed in, remembered by the cache.
+    * ``is_causal``: bottom-right aligned causal mask (query i at key position Tk - Tq + i).
+    * ``kv_cache``: a :class:`~selfattention.kv_cache.KVCache` for self-attention decoding. The new
+      keys/values are appended and the queries attend over [cache ∪ new], causally at their true
+      positions (``kv_cache.offset`` before the call), inside the cache's window if it has one.
+      ``is_causal`` is implied.
+    * ``need_weights``: also return the attention weights (B, H, Tq, Tk), float32 at least, per head
+      (torch MHA averages over heads by default; average yourself with ``weights.mean(1)``). This call
+      then runs the reference path. Otherwise ``weights`` is ``None``.
+
+    Weights without ``need_weights``: inside :func:`selfattention.capture` the module takes the reference
+    path and the trace records every named step (inputs, query, key, value, scores, …, weights, context);
+    outside it nothing is recorded and the chosen backend runs.
+
+    Returns ``output`` (B, Tq, E) (same dtype as ``query``) and ``weights`` or ``None``. A query that sees
+    no key (all padding) gets a zero context vector, so its output is ``out_proj.bias``.
+
+    Raises:
+        TypeError/ValueError: sizes that do not divide, inputs of the wrong rank/size/dtype (naming the
+        argument and its shape), a cache whose heads/head_dim differ from the module's, cross-attention
+        inputs together with a cache.
+
+    Differences from ``torch.nn.MultiheadAttention``: batch first only; bool masks mean True = attend and
+    True = real token; separate q/k/v projections (copy torch's ``in_proj_weight`` in three slices);
+    ``need_weights`` defaults to False and gives per-head weights; ``is_causal`` really masks (bottom-right);
+    GQA and the KV cache are extras.
+
+    >>> _ = torch.manual_seed(0)
+    >>> mha = MultiHeadAttention(embed_dim=12, num_heads=4, num_kv_heads=2)
+    >>> x = torch.randn(2, 5, 12)                                 # (B, T, E)
+    >>> out, w = mha(x, is_causal=True, need_weights=True)
+    >>> out.shape, w.shape
+    (torch.Size([2, 5, 12]), torch.Size([2, 4, 5, 5]))
+    >>> print(w[0, 0].ne(0).int())                                 # causal: query i sees keys 0..i
+    tensor([[1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [1, 1, 1, 0, 0],
+            [1, 1, 1, 1, 0],
+            [1, 1, 1, 1, 1]], dtype=torch.int32)
+    """
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        backend: str | None = None,
+        kdim: int | None = None,
+        vdim: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.embed_dim = check_positive_int("embed_dim", embed_dim)
+        self.num_heads = check_positive_int("num_heads", num_heads)
+        if embed_dim % num_heads != 0:
+            raise ValueError(f"embed_dim ({embed_dim}) must be divisible by num_heads ({num_heads})")
+        self.num_kv_heads = (
+            num_heads if num_kv_heads is None else check_positive_int("num_kv_heads", num_kv_heads)
+        )
+        if num_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads}) "
+                "(grouped-query attention shares each key/value head among num_heads / num_kv_heads queries)"
+            )
+        self.head_dim = embed_dim // num_heads
+        self.kdim = embed_dim if kdim is None else check_positive_int("kdim", kdim)
+        self.vdim = embed_dim if vdim is None else check_positive_int("vdim", vdim)
+        self.dropout = check_dropout(dropout)
+        if backend is not None and not isinstance(backend, str):
+            raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+        self.backend = backend
+        kv_dim = self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+        self.k_proj = nn.Linear(self.kdim, kv_dim, bias=bias)
+        self.v_proj = nn.Linear(self.vdim, kv_dim, bias=bias)
+        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
+
+    def extra_repr(self) -> str:
+        s = f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}"
+        if self.backend is not None:
+            s += f", backend={self.backend!r}"
+        return s
+
+    def new_cache(
+        self, batch_size: int, capacity: int, *, window: int | None = None, dtype: torch.dtype | None = None
+    ) -> KVCache:
+        """A :class:`KVCache` shaped for this module: (batch_size, num_kv_heads, capacity, head_dim)."""
+        w = self.k_proj.weight
+        return KVCache(
+            batch_size,
+            self.num_kv_heads,
+            self.head_dim,
+            capacity,
+            window=window,
+            dtype=dtype or w.dtype,
+            device=w.device,
+        )
+
+    # ------------------------------------------------------------------ checks
+    def _check_input(self, name: str, t: object, features: int) -> torch.Tensor:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+        if t.dim() != 3 or t.shape[-1] != features:
+            raise ValueError(f"{name} must have shape (B, T, {features}), got {_fmt(t.shape)}")
+        return t
+
+    def _padding(self, kpm: torch.Tensor | None, batch: int, k_len: int) -> torch.Tensor | None:
+        if kpm is None:
+            return None
+        if not isinstance(kpm, torch.Tensor):
+            raise TypeError(f"key_padding_mask must be a torch.Tensor or None, got {type(kpm).__name__}")
+        if kpm.dtype != torch.bool and not kpm.is_floating_point():
+            raise TypeError(
+                f"key_padding_mask must be bool (True = real token) or additive float, got {kpm.dtype}"
+            )
+        if tuple(kpm.shape) != (batch, k_len):
+            raise ValueError(
+                f"key_padding_mask must have shape (B, Tk) = ({batch}, {k_len}), got {_fmt(kpm.shape)}"
+            )
+        return kpm[:, None, None, :]  # (B, 1, 1, Tk) broadcasts over heads and queries
+
+    def _attn_mask(self, m: torch.Tensor | None) -> torch.Tensor | None:
+        if m is None:
+            return None
+        if not isinstance(m, torch.Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(m).__name__}")
+        if m.dim() == 3:
+            raise ValueError(
+                f"attn_mask of shape {_fmt(m.shape)} is ambiguous: pass (Tq, Tk) or a 4-D mask "
+                "broadcastable to (B, H, Tq, Tk), e.g. mask[:, None] for a per-batch (B, Tq, Tk) mask"
+            )
+        return m
+
+    # ----------------------------------------------------------------- forward
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        value: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        kv_cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        unbatched = isinstance(query, torch.Tensor) and query.dim() == 2
+        if unbatched:
+            query = query.unsqueeze(0)
+            key = None if key is None else key.unsqueeze(0)
+            value = None if value is None else value.unsqueeze(0)
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        self._check_input("query", query, self.embed_dim)
+        self_attention = key is None and value is None
+        if kv_cache is not None and not self_attention:
+            raise ValueError("kv_cache is for self-attention: pass key=None and value=None with a cache")
+        if self_attention:
+            if self.kdim != self.embed_dim or self.vdim != self.embed_dim:
+                raise ValueError(
+                    f"self-attention needs kdim == vdim == embed_dim; this module has kdim={self.kdim}, "
+                    f"vdim={self.vdim}: pass key and value"
+                )
+            key = value = query
+        elif key is None:
+            raise ValueError("value given without key")
+        elif value is None:
+            value = key
+        self._check_input("key", key, self.kdim)
+        self._check_input("value", value, self.vdim)
+        batch, q_len = query.shape[0], query.shape[1]
+        if key.shape[0] != batch or value.shape[0] != batch or key.shape[1] != value.shape[1]:
+            raise ValueError(
+                f"query {_fmt(query.shape)}, key {_fmt(key.shape)} and value {_fmt(value.shape)} must share "
+                "the batch size B, and key/value the length Tk"
+            )
+        H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        _hooks.record({"inputs": query})
+
+        q = self.q_proj(query).view(batch, q_len, H, D).transpose(1, 2)  # (B, Tq, E) -> (B, H, Tq, D)
+        k = self.k_proj(key).view(batch, key.shape[1], Hkv, D).transpose(1, 2)  # (B, Hkv, Tk, D)
+        v = self.v_proj(value).view(batch, key.shape[1], Hkv, D).transpose(1, 2)  # (B, Hkv, Tk, D)
+
+        mask = self._attn_mask(attn_mask)
+        if kv_cache is not None:
+            if not isinstance(kv_cache, KVCache):
+                raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")
+            if (kv_cache.num_kv_heads, kv_cache.head_dim, kv_cache.value_dim) != (Hkv, D, D):
+                raise ValueError(
+                    f"kv_cache holds {kv_cache.num_kv_heads} heads of head_dim {kv_cache.head_dim}, this "
+                    f"module has num_kv_heads={Hkv}, head_dim={D}"
+                )
+            if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
+                raise TypeError("with a kv_cache, key_padding_mask must be bool (True = real token)")
+            k, v, cache_mask = kv_cache.update(
+                k.to(kv_cache.key.dtype), v.to(kv_cache.key.dtype), key_padding_mask
+            )
+            k, v = k.to(q.dtype), v.to(q.dtype)
+            mask = merge_masks(mask, cache_mask)
+            causal = False  # the cache's mask already places the queries at their positions
+        else:
+            mask = merge_masks(mask, self._padding(key_padding_mask, batch, k.shape[2]))
+            causal = bool(is_causal)
+
+        dropout_p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights or _capturing() or self.backend in (None, "reference"):
+            steps = F.attention_steps(
+                q, k, v, mask, dropout_p, causal, enable_gqa=True, training=self.training
+            )
+            context = steps.context
+            if need_weights:
+                weights = steps.weights
+        else:
+            context = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=dropout_p,
+                is_causal=causal,
+                enable_gqa=True,
+                training=self.training,
+                backend=self.backend,
+            )
+        out = self.out_proj(context.transpose(1, 2).reshape(batch, q_len, self.embed_dim))  # (B, Tq, E)
+        if unbatched:
+            out = out.squeeze(0)
+            weights = None if weights is None else weights.squeeze(0)
+        return out, weights
