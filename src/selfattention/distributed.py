@@ -1,0 +1,726 @@
+"""Sequence-parallel (ring) attention on ``torch.distributed``: a sequence too long for one process.
+
+Each of N processes (ranks) holds a slice of the sequence's queries, keys and values. The key/value
+blocks travel around a ring — rank r sends to r+1 and receives from r-1 — and after N-1 hops every rank
+has seen every block. Each rank merges the partial results of the blocks with the same online-softmax
+rule as the tiled path (:func:`selfattention.blocks.merge_partials`)::
+
+    ℓ = log(exp ℓ₁ + exp ℓ₂)          O = exp(ℓ₁ - ℓ) O₁ + exp(ℓ₂ - ℓ) O₂
+
+so the result equals single-process attention (lecture 003: softmax(QKᵀ/√dₖ)·V) up to float rounding.
+The backward runs the ring again (FlashAttention-2's Algorithm 2 per block): dQ stays home and
+accumulates; each block's dK, dV accumulate as they travel and arrive back at their owner after N hops.
+The communication of the next block overlaps with the computation of the current one (``isend``/
+``irecv`` through :func:`torch.distributed.batch_isend_irecv`).
+
+Sources: Liu, Zaharia & Abbeel 2023, "Ring Attention with Blockwise Transformers for Near-Infinite
+Context"; Dao 2023, "FlashAttention-2" (Algorithms 1 and 2); Milakov & Gimelshein 2018, "Online
+normalizer calculation for softmax"; the zig-zag layout as used by Brandon et al. 2023 ("Striped
+Attention") and the open ring-flash-attention implementations (facts only).
+
+Layouts (the sequence dim, ``dim=-2``, of length T split across N ranks)::
+
+    contiguous (default; what torchrun users expect): rank r holds the r-th slice
+        T = 10, N = 4 →  rank 0: 0 1 2 | rank 1: 3 4 5 | rank 2: 6 7 | rank 3: 8 9
+    zigzag (balances causal work): 2N chunks, rank r holds chunks r and 2N-1-r
+        T = 10, N = 2 →  chunks 0 1 2 | 3 4 5 | 6 7 | 8 9 ;  rank 0: 0 1 2 8 9 | rank 1: 3 4 5 6 7
+
+Slices follow :func:`torch.tensor_split` (the first ``T mod parts`` slices are one longer), so T need
+not be divisible by N. With the contiguous layout any split works (ranks exchange their lengths); a rank
+may even hold nothing. Causal attention is bottom-right aligned over the *global* positions, as in
+:func:`selfattention.scaled_dot_product_attention`; blocks that are entirely in the future are skipped.
+
+Running: ``torchrun --nproc-per-node N examples/ring_attention.py`` (gloo on CPU, NCCL when the tensors
+are on a GPU — the backend follows the process group; this module has no transport of its own).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ._validation import check_positive_int, check_qkv, resolve_scale
+from .blocks import block_backward, block_forward, merge_partials
+
+__all__ = [
+    "LAYOUTS",
+    "DistributedInitError",
+    "RingStats",
+    "init_distributed",
+    "ring_attention",
+    "shard_sequence",
+    "unshard_sequence",
+    "gather_sequence",
+    "sequence_positions",
+]
+
+LAYOUTS = ("contiguous", "zigzag")
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class DistributedInitError(RuntimeError):
+    """The process group could not be formed (a rank did not join in time, or the master is unreachable)."""
+
+
+# ----------------------------------------------------------------------------------------------------
+# Process group set-up
+# ----------------------------------------------------------------------------------------------------
+
+
+def init_distributed(
+    backend: str | None = None,
+    timeout: float = 60.0,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+) -> tuple[int, int]:
+    """Join the default process group from torchrun's environment; returns ``(rank, world_size)``.
+
+    Reads ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT`` (set by ``torchrun``; pass
+    ``rank``/``world_size`` to override the first two). ``backend=None`` picks ``"nccl"`` when CUDA is
+    available (and sets this process's GPU from ``LOCAL_RANK``), else ``"gloo"``.
+
+    Args:
+        backend: ``"gloo"``, ``"nccl"`` or None (automatic).
+        timeout: seconds to wait for every rank to join, and for any later collective or send/receive.
+
+    Raises:
+        DistributedInitError: not every rank joined within ``timeout`` seconds, or the master address
+            could not be reached — with the address, the rank and the world size in the message, instead
+            of a hang.
+        ValueError: a missing or malformed environment variable, or ``timeout`` not positive.
+    """
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    env = os.environ
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        if name not in env:
+            raise ValueError(f"{name} is not set; start the processes with torchrun, or set it yourself")
+    try:
+        rank = int(env["RANK"]) if rank is None else rank
+        world_size = int(env["WORLD_SIZE"]) if world_size is None else world_size
+    except KeyError as e:
+        raise ValueError(f"{e.args[0]} is not set; start the processes with torchrun, or pass it") from None
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() and dist.is_nccl_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(env.get("LOCAL_RANK", rank % torch.cuda.device_count())))
+    where = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    start = time.monotonic()
+    try:
+        dist.init_process_group(
+            backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout)
+        )
+    except dist.DistError as e:
+        waited = time.monotonic() - start
+        raise DistributedInitError(
+            f"rank {rank} of {world_size}: the process group at {where} did not form within "
+            f"{timeout:g} s (waited {waited:.1f} s): {e}. Check that all {world_size} processes were "
+            "started with the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE, and that the port is reachable."
+        ) from e
+    return rank, world_size
+
+
+# ----------------------------------------------------------------------------------------------------
+# Layouts: which global positions a rank holds
+# ----------------------------------------------------------------------------------------------------
+
+
+def _split_sizes(total: int, parts: int) -> list[int]:
+    """Sizes of :func:`torch.tensor_split` into ``parts``: the first ``total % parts`` are one longer."""
+    base, extra = divmod(total, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def _check_layout(layout: str) -> str:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    return layout
+
+
+def _segments(lengths: Sequence[int], rank: int, layout: str) -> list[tuple[int, int, int]]:
+    """The runs of consecutive global positions a rank holds: [(local_start, global_start, length)]."""
+    n = len(lengths)
+    if layout == "contiguous":
+        length = lengths[rank]
+        return [(0, sum(lengths[:rank]), length)] if length else []
+    sizes = _split_sizes(sum(lengths), 2 * n)
+    starts = [sum(sizes[:i]) for i in range(2 * n)]
+    for r in range(n):
+        if lengths[r] != sizes[r] + sizes[2 * n - 1 - r]:
+            raise ValueError(
+                f"zigzag layout: rank {r} holds {lengths[r]} positions, but a sequence of {sum(lengths)} "
+                f"split into {2 * n} chunks gives it {sizes[r]} + {sizes[2 * n - 1 - r]}; shard with "
+                "selfattention.distributed.shard_sequence(..., layout='zigzag')"
+            )
+    a, b = rank, 2 * n - 1 - rank
+    segs = [(0, starts[a], sizes[a]), (sizes[a], starts[b], sizes[b])]
+    return [s for s in segs if s[2] > 0]
+
+
+def sequence_positions(total: int, world_size: int, rank: int, layout: str = "contiguous") -> torch.Tensor:
+    """Global positions (int64, shape (T_local,)) of the rows that ``rank`` holds under ``layout``.
+
+    >>> sequence_positions(10, 2, 0, "zigzag")
+    tensor([0, 1, 2, 8, 9])
+    >>> sequence_positions(10, 4, 3)
+    tensor([8, 9])
+    """
+    _check_layout(layout)
+    lengths = _local_lengths(total, world_size, layout)
+    segs = _segments(lengths, rank, layout)
+    if not segs:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.cat([torch.arange(g, g + n) for _, g, n in segs])
+
+
+def _local_lengths(total: int, world_size: int, layout: str) -> list[int]:
+    if layout == "contiguous":
+        return _split_sizes(total, world_size)
+    sizes = _split_sizes(total, 2 * world_size)
+    return [sizes[r] + sizes[2 * world_size - 1 - r] for r in range(world_size)]
+
+
+def _check_world(world_size: int, rank: int | None = None) -> None:
+    check_positive_int("world_size", world_size)
+    if rank is not None:
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+
+
+def shard_sequence(
+    x: torch.Tensor, world_size: int, rank: int, layout: str = "contiguous", dim: int = -2
+) -> torch.Tensor:
+    """The part of the full sequence ``x`` that ``rank`` holds (a new tensor; ``x`` is not changed).
+
+    Args:
+        x: any tensor; ``dim`` is the sequence dim (``-2`` for the (B, H, T, D) layout).
+        world_size, rank: the number of ranks and which one.
+        layout: ``"contiguous"`` (rank r: the r-th of N slices) or ``"zigzag"`` (chunks r and 2N-1-r of
+            2N); slices as :func:`torch.tensor_split`, so T need not divide.
+
+    >>> x = torch.arange(10).reshape(10, 1)
+    >>> shard_sequence(x, 2, 0, "zigzag").flatten()
+    tensor([0, 1, 2, 8, 9])
+    >>> [shard_sequence(x, 4, r).flatten().tolist() for r in range(4)]
+    [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    _check_world(world_size, rank)
+    _check_layout(layout)
+    if layout == "contiguous":
+        return torch.tensor_split(x, world_size, dim=dim)[rank].clone()
+    chunks = torch.tensor_split(x, 2 * world_size, dim=dim)
+    return torch.cat([chunks[rank], chunks[2 * world_size - 1 - rank]], dim=dim)
+
+
+def unshard_sequence(
+    parts: Sequence[torch.Tensor], layout: str = "contiguous", dim: int = -2
+) -> torch.Tensor:
+    """Reassemble the full sequence from every rank's part, given in rank order (inverse of
+    :func:`shard_sequence`).
+
+    >>> x = torch.arange(7).reshape(7, 1)
+    >>> parts = [shard_sequence(x, 3, r, "zigzag") for r in range(3)]
+    >>> torch.equal(unshard_sequence(parts, "zigzag"), x)
+    True
+    """
+    _check_layout(layout)
+    if not isinstance(parts, Sequence) or not parts or not all(isinstance(p, torch.Tensor) for p in parts):
+        raise TypeError("parts must be a non-empty sequence of tensors, one per rank in rank order")
+    if layout == "contiguous":
+        return torch.cat(list(parts), dim=dim)
+    n = len(parts)
+    lengths = [p.shape[dim] for p in parts]
+    sizes = _split_sizes(sum(lengths), 2 * n)
+    _segments(lengths, 0, "zigzag")  # validates the lengths
+    chunks: list[torch.Tensor] = [parts[0]] * (2 * n)
+    for r, p in enumerate(parts):
+        chunks[r], chunks[2 * n - 1 - r] = torch.split(p, [sizes[r], sizes[2 * n - 1 - r]], dim=dim)
+    return torch.cat(chunks, dim=dim)
+
+
+def gather_sequence(
+    local: torch.Tensor, group: dist.ProcessGroup | None = None, layout: str = "contiguous", dim: int = -2
+) -> torch.Tensor:
+    """Collective: every rank gets the full sequence from the local parts (lengths may differ by rank).
+
+    Every other dim must agree across ranks. Costs a full copy of the sequence on every rank: meant for
+    checking and for small outputs, not for the long sequences ring attention exists for.
+    """
+    _check_layout(layout)
+    world = dist.get_world_size(group)
+    d = dim % local.dim()
+    length = torch.tensor([local.shape[d]], dtype=torch.long, device=local.device)
+    lengths = [torch.zeros_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length, group=group)
+    sizes = [int(x.item()) for x in lengths]
+    pad_shape = list(local.shape)
+    pad_shape[d] = max(sizes) - local.shape[d]
+    padded = torch.cat([local, local.new_zeros(pad_shape)], dim=d).contiguous()
+    bufs = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(bufs, padded, group=group)
+    parts = [b.narrow(d, 0, n) for b, n in zip(bufs, sizes, strict=True)]
+    return unshard_sequence(parts, layout, dim=d)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Statistics and the ring transport
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class RingStats:
+    """Counters one rank accumulates over :func:`ring_attention` calls (forward and backward).
+
+    Attributes:
+        bytes_sent: payload bytes this rank sent (bytes received are the same up to the split).
+        messages: point-to-point sends.
+        tiles_computed, tiles_skipped: (query tile × key tile) blocks computed, and skipped because the
+            causal mask hides all of them.
+        compute_s: seconds spent computing blocks; wait_s: seconds spent waiting for messages after the
+            computation they overlapped with was done (0 = communication fully hidden).
+    """
+
+    bytes_sent: int = 0
+    messages: int = 0
+    tiles_computed: int = 0
+    tiles_skipped: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class _Pending:
+    def __init__(self, works: list, recv: torch.Tensor, stats: RingStats | None):
+        self.works, self.recv, self.stats = works, recv, stats
+
+    def wait(self) -> torch.Tensor:
+        t0 = time.perf_counter()
+        for w in self.works:
+            w.wait()
+        if self.stats is not None:
+            self.stats.wait_s += time.perf_counter() - t0
+        return self.recv
+
+
+class _Ring:
+    def __init__(self, group: dist.ProcessGroup | None, stats: RingStats | None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
+        self.stats = stats
+
+    def shift(self, send: torch.Tensor, recv_numel: int, tag: int) -> _Pending:
+        """Post: send ``send`` to rank+1 and receive ``recv_numel`` elements from rank-1."""
+        recv = torch.empty(recv_numel, dtype=send.dtype, device=send.device)
+        nxt, prv = (self.rank + 1) % self.world, (self.rank - 1) % self.world
+        ops = [
+            dist.P2POp(dist.isend, send, group=self.group, tag=tag, group_peer=nxt),
+            dist.P2POp(dist.irecv, recv, group=self.group, tag=tag, group_peer=prv),
+        ]
+        works = dist.batch_isend_irecv(ops)
+        if self.stats is not None:
+            self.stats.bytes_sent += send.numel() * send.element_size()
+            self.stats.messages += 1
+        return _Pending(works, recv, self.stats)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tiles: pieces of a rank's rows with their global positions, classified against each other
+# ----------------------------------------------------------------------------------------------------
+
+_SKIP, _FULL, _PARTIAL = 0, 1, 2
+
+
+def _tiles(segs: list[tuple[int, int, int]], block: int, offset: int = 0) -> list[tuple[int, int, int]]:
+    """Split runs into tiles of at most ``block`` rows: [(local_start, local_end, first global position)]."""
+    out = []
+    for local, glob, n in segs:
+        for s in range(0, n, block):
+            e = min(n, s + block)
+            out.append((local + s, local + e, glob + s + offset))
+    return out
+
+
+def _classify(qt: tuple[int, int, int], kt: tuple[int, int, int], causal: bool) -> int:
+    if not causal:
+        return _FULL
+    q_first, q_last = qt[2], qt[2] + qt[1] - qt[0] - 1
+    k_first, k_last = kt[2], kt[2] + kt[1] - kt[0] - 1
+    if k_first > q_last:
+        return _SKIP  # every key is after every query
+    if k_last <= q_first:
+        return _FULL
+    return _PARTIAL
+
+
+def _tile_visible(qt: tuple[int, int, int], kt: tuple[int, int, int], device: torch.device) -> torch.Tensor:
+    """(tq, tk) bool, True where key position <= query position (both runs are consecutive)."""
+    q_pos = torch.arange(qt[2], qt[2] + qt[1] - qt[0], device=device)
+    k_pos = torch.arange(kt[2], kt[2] + kt[1] - kt[0], device=device)
+    return k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)
+
+
+def _prefix_lengths(qt: tuple[int, int, int], kt: tuple[int, int, int]) -> list[int]:
+    """For each query of a partial tile, how many keys of the tile it sees (a prefix, causal)."""
+    tk = kt[1] - kt[0]
+    return [min(tk, max(0, qt[2] + i - kt[2] + 1)) for i in range(qt[1] - qt[0])]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The plan shared by forward and backward
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    ring: _Ring
+    scale: float
+    causal: bool
+    q_lens: list[int]
+    k_lens: list[int]
+    q_tiles: list[tuple[int, int, int]]
+    k_tiles: list[list[tuple[int, int, int]]]  # per source rank
+    k_batch: tuple[int, ...]  # batch dims of key/value (heads included)
+    d: int
+    dv: int
+    acc: torch.dtype
+    gqa: int  # query heads per key/value head (1 = plain)
+    overlap: bool
+    stats: RingStats | None
+
+    def kv_numel(self, src: int) -> int:
+        return math.prod(self.k_batch) * self.k_lens[src] * (self.d + self.dv)
+
+    def unpack(self, flat: torch.Tensor, src: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views (k (..., Tk, D), v (..., Tk, Dv)) of a packed buffer; GQA adds a broadcast group dim."""
+        n = math.prod(self.k_batch) * self.k_lens[src]
+        k = flat[: n * self.d].view(*self.k_batch, self.k_lens[src], self.d)
+        v = flat[n * self.d :].view(*self.k_batch, self.k_lens[src], self.dv)
+        return k, v
+
+    def group_q(self, t: torch.Tensor) -> torch.Tensor:
+        """(..., H, T, X) → (..., Hkv, g, T, X) for grouped-query attention; unchanged otherwise."""
+        return t.unflatten(-3, (-1, self.gqa)) if self.gqa > 1 else t
+
+    def group_kv(self, t: torch.Tensor) -> torch.Tensor:
+        return t.unsqueeze(-3) if self.gqa > 1 else t
+
+
+def _pack(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.cat([a.reshape(-1).to(dtype), b.reshape(-1).to(dtype)])
+
+
+def _ring_forward(plan: _Plan, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    ring, n, me = plan.ring, plan.ring.world, plan.ring.rank
+    q = plan.group_q(query.to(plan.acc))  # (..., [Hkv, g,] Tq_local, D)
+    out = q.new_zeros((*q.shape[:-1], plan.dv))
+    lse = q.new_full(q.shape[:-1], -math.inf)
+    kv = _pack(key, value, key.dtype)  # travels in the input dtype
+    for step in range(n):
+        src = (me - step) % n
+        pending = None
+        if step < n - 1:
+            pending = ring.shift(kv, plan.kv_numel((src - 1) % n), tag=step)
+            if not plan.overlap:
+                pending.wait()
+        t0 = time.perf_counter()
+        k, v = plan.unpack(kv, src)
+        k, v = plan.group_kv(k.to(plan.acc)), plan.group_kv(v.to(plan.acc))
+        _forward_block(plan, q, k, v, plan.k_tiles[src], out, lse)
+        if plan.stats is not None:
+            plan.stats.compute_s += time.perf_counter() - t0
+        if pending is not None:
+            kv = pending.wait()
+    return out, lse
+
+
+def _forward_block(plan, q, k, v, k_tiles, out, lse) -> None:
+    finite = None
+    for qt in plan.q_tiles:
+        qs = slice(qt[0], qt[1])
+        o_acc, l_acc = out[..., qs, :], lse[..., qs]
+        for kt in k_tiles:
+            kind = _classify(qt, kt, plan.causal)
+            if plan.stats is not None:
+                plan.stats.tiles_computed += kind != _SKIP
+                plan.stats.tiles_skipped += kind == _SKIP
+            if kind == _SKIP:
+                continue
+            ks = slice(kt[0], kt[1])
+            if kind == _PARTIAL:
+                if finite is None:
+                    finite = bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())
+                if not finite:  # a hidden key may hold NaN/inf: touch only the visible prefix of each row
+                    for i, m in enumerate(_prefix_lengths(qt, kt)):
+                        if m == 0:
+                            continue
+                        r = slice(i, i + 1)
+                        o, l = block_forward(
+                            q[..., qt[0] + i : qt[0] + i + 1, :],
+                            k[..., kt[0] : kt[0] + m, :],
+                            v[..., kt[0] : kt[0] + m, :],
+                            plan.scale,
+                        )
+                        o_acc[..., r, :], l_acc[..., r] = merge_partials(
+                            o_acc[..., r, :], l_acc[..., r], o, l
+                        )
+                    continue
+                visible = _tile_visible(qt, kt, q.device)
+            else:
+                visible = None
+            o, l = block_forward(q[..., qs, :], k[..., ks, :], v[..., ks, :], plan.scale, visible)
+            o_new, l_new = merge_partials(o_acc, l_acc, o, l)
+            o_acc.copy_(o_new)
+            l_acc.copy_(l_new)
+
+
+def _ring_backward(plan: _Plan, query, key, value, out, lse, grad_out):
+    ring, n, me = plan.ring, plan.ring.world, plan.ring.rank
+    q = plan.group_q(query.to(plan.acc))
+    do = plan.group_q(grad_out.to(plan.acc))
+    delta = (do * out).sum(dim=-1)  # rowsum(dO ∘ O), (..., Tq)
+    dq = torch.zeros_like(q)
+    kv = _pack(key, value, key.dtype)
+    incoming: _Pending | None = None  # the dK/dV accumulator of the block we hold, on its way to us
+    for step in range(n):
+        src = (me - step) % n
+        pending_kv = None
+        if step < n - 1:
+            pending_kv = ring.shift(kv, plan.kv_numel((src - 1) % n), tag=2 * step)
+            if not plan.overlap:
+                pending_kv.wait()
+        t0 = time.perf_counter()
+        k, v = plan.unpack(kv, src)
+        k, v = plan.group_kv(k.to(plan.acc)), plan.group_kv(v.to(plan.acc))
+        dkv = torch.zeros(plan.kv_numel(src), dtype=plan.acc, device=query.device)
+        dk, dv = plan.unpack(dkv, src)  # views into dkv, (..., Tk, D) and (..., Tk, Dv)
+        _backward_block(plan, q, k, v, out, lse, do, delta, plan.k_tiles[src], dq, dk, dv)
+        if plan.stats is not None:
+            plan.stats.compute_s += time.perf_counter() - t0
+        if incoming is not None:
+            dkv += incoming.wait()
+        if n > 1:  # pass the accumulator on; after the last step it reaches its owner
+            incoming = ring.shift(dkv, plan.kv_numel((src - 1) % n), tag=2 * step + 1)
+            if not plan.overlap:
+                incoming.wait()
+        if pending_kv is not None:
+            kv = pending_kv.wait()
+    own = incoming.wait() if incoming is not None else dkv
+    dk, dv = plan.unpack(own, me)
+    return dq, dk, dv
+
+
+def _backward_block(plan, q, k, v, out, lse, do, delta, k_tiles, dq, dk, dv) -> None:
+    finite = None
+
+    def add(qsl, ksl, visible=None):
+        g_q, g_k, g_v = block_backward(
+            q[..., qsl, :],
+            k[..., ksl, :],
+            v[..., ksl, :],
+            plan.scale,
+            out[..., qsl, :],
+            lse[..., qsl],
+            do[..., qsl, :],
+            visible,
+            delta=delta[..., qsl],
+        )
+        dq[..., qsl, :] += g_q
+        if plan.gqa > 1:  # (..., Hkv, g, tk, D): sum the query heads that share a key/value head
+            g_k, g_v = g_k.sum(-3), g_v.sum(-3)
+        dk[..., ksl, :] += g_k
+        dv[..., ksl, :] += g_v
+
+    for qt in plan.q_tiles:
+        for kt in k_tiles:
+            kind = _classify(qt, kt, plan.causal)
+            if plan.stats is not None:
+                plan.stats.tiles_computed += kind != _SKIP
+                plan.stats.tiles_skipped += kind == _SKIP
+            if kind == _SKIP:
+                continue
+            if kind == _PARTIAL:
+                if finite is None:
+                    finite = bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())
+                if not finite:
+                    for i, m in enumerate(_prefix_lengths(qt, kt)):
+                        if m:
+                            add(slice(qt[0] + i, qt[0] + i + 1), slice(kt[0], kt[0] + m))
+                    continue
+                add(slice(qt[0], qt[1]), slice(kt[0], kt[1]), _tile_visible(qt, kt, q.device))
+            else:
+                add(slice(qt[0], qt[1]), slice(kt[0], kt[1]))
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, query, key, value, plan):
+        out, lse = _ring_forward(plan, query, key, value)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.plan = plan
+        return out.flatten(-4, -3).to(query.dtype) if plan.gqa > 1 else out.to(query.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        query, key, value, out, lse = ctx.saved_tensors
+        plan = ctx.plan
+        dq, dk, dv = _ring_backward(plan, query, key, value, out, lse, grad_out)
+        if plan.gqa > 1:
+            dq = dq.flatten(-4, -3)
+        return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Public entry point
+# ----------------------------------------------------------------------------------------------------
+
+
+def _exchange_meta(meta: list[float], group, device) -> list[list[float]]:
+    world = dist.get_world_size(group)
+    mine = torch.tensor(meta, dtype=torch.float64, device=device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine, group=group)
+    return [t.tolist() for t in every]
+
+
+def ring_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    group: dist.ProcessGroup | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    layout: str = "contiguous",
+    enable_gqa: bool = False,
+    block_size: int | None = 512,
+    overlap: bool = True,
+    stats: RingStats | None = None,
+) -> torch.Tensor:
+    """Attention over a sequence split across the ranks of ``group``; returns this rank's context rows.
+
+    A collective: every rank of ``group`` must call it with its own slice (same batch, heads, head_dim,
+    dtype, ``is_causal``, ``scale`` and ``layout``), and — if a gradient is needed — call backward on a
+    loss that uses the result (the backward is a ring too). The result equals
+    ``selfattention.scaled_dot_product_attention`` on the full sequence, restricted to this rank's rows.
+
+    Args:
+        query: (..., H, Tq_local, D), this rank's query rows.
+        key: (..., Hkv, Tk_local, D), this rank's key rows; Hkv = H unless ``enable_gqa``.
+        value: (..., Hkv, Tk_local, Dv).
+        group: the process group (default: the world). gloo on CPU tensors, NCCL on CUDA tensors.
+        is_causal: hide future keys over the *global* positions, aligned bottom-right (query i of the
+            full sequence sits at key position Tk - Tq + i), as in the single-process spec. Tiles that
+            are entirely in the future are skipped, locally and across ranks.
+        scale: multiplies Q Kᵀ; ``None`` means 1/√D; ``0.0`` is honoured.
+        layout: ``"contiguous"`` (any split: ranks exchange their lengths and hold consecutive slices
+            in rank order) or ``"zigzag"`` (rank r holds chunks r and 2N-1-r of 2N, as
+            :func:`shard_sequence` makes them; balances causal work).
+        enable_gqa: grouped-query attention (query head h uses key/value head h // (H // Hkv)); only
+            the Hkv key/value heads travel.
+        block_size: rows per tile inside a rank (query and key tiles); bounds the scores held at once to
+            block_size² per head. ``None``: one tile per rank's block.
+        overlap: post the next block's send/receive before computing the current block (default). False
+            waits for the transfer first — for measuring what the overlap buys.
+        stats: a :class:`RingStats` to which this call (and its backward) adds bytes sent, tiles
+            computed/skipped, compute and wait time.
+
+    Returns:
+        (..., H, Tq_local, Dv) in the dtype of ``query``. Rows with no visible key are zero (zero
+        gradient). Computation and the merge are in float32 at least; keys and values travel in their
+        own dtype, the dK/dV accumulators in float32 at least.
+
+    Raises:
+        RuntimeError: torch.distributed is not initialised.
+        TypeError, ValueError: bad local input (as the spec), an unknown layout, or ranks that disagree
+            on shapes, dtype, causal flag, scale or layout (naming the rank and the field) — checked on
+            every call with one small all-gather, so that a mismatch is an error, not a hang.
+
+    Communication per rank and call: forward N-1 sends of its current key/value block; backward N-1
+    key/value sends plus N dK/dV sends (float32 at least).
+    """
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialised: start with torchrun and call "
+            "selfattention.distributed.init_distributed() (or torch.distributed.init_process_group) first"
+        )
+    batch, _, _ = check_qkv(query, key, value, enable_gqa=enable_gqa)
+    _check_layout(layout)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if block_size is not None:
+        check_positive_int("block_size", block_size)
+    if stats is not None and not isinstance(stats, RingStats):
+        raise TypeError(f"stats must be a RingStats or None, got {type(stats).__name__}")
+    gqa = 1
+    if enable_gqa and query.dim() >= 3:
+        gqa = query.shape[-3] // key.shape[-3]
+    expect_k = (*query.shape[:-3], query.shape[-3] // gqa) if query.dim() >= 3 else query.shape[:-2]
+    if tuple(key.shape[:-2]) != tuple(expect_k):
+        raise ValueError(
+            f"ring_attention needs key/value batch dims equal to the query's (no broadcasting): query "
+            f"{tuple(query.shape)}, key {tuple(key.shape)}"
+        )
+    d, dv = query.shape[-1], value.shape[-1]
+    scale = resolve_scale(scale, d)
+
+    meta = [
+        query.shape[-2],
+        key.shape[-2],
+        d,
+        dv,
+        float(hash(tuple(batch)) % (2**50)),
+        float(hash(tuple(key.shape[:-2])) % (2**50)),
+        float(is_causal),
+        float(LAYOUTS.index(layout)),
+        float(_DTYPES.index(query.dtype)),
+        scale,
+        float(gqa),
+    ]
+    names = ["", "", "head_dim D", "value head_dim Dv", "batch/head dims", "key/value batch/head dims"]
+    names += ["is_causal", "layout", "dtype", "scale", "enable_gqa heads ratio"]
+    every = _exchange_meta(meta, group, query.device)
+    rank = dist.get_rank(group)
+    for r, theirs in enumerate(every):
+        for i in range(2, len(meta)):
+            if theirs[i] != meta[i]:
+                raise ValueError(
+                    f"ring_attention: rank {r} and rank {rank} disagree on {names[i]} "
+                    f"(local query {tuple(query.shape)}, is_causal={is_causal}, layout={layout!r}, "
+                    f"dtype={query.dtype}, scale={scale:g} on rank {rank}); every rank must pass its "
+                    "slice of the same attention problem"
+                )
+    q_lens = [int(m[0]) for m in every]
+    k_lens = [int(m[1]) for m in every]
+    q_total, k_total = sum(q_lens), sum(k_lens)
+
+    block = block_size or max(1, max(q_lens + k_lens))
+    q_segs = _segments(q_lens, rank, layout)
+    k_tiles = [_tiles(_segments(k_lens, r, layout), block) for r in range(len(k_lens))]
+    plan = _Plan(
+        ring=_Ring(group, stats),
+        scale=scale,
+        causal=is_causal,
+        q_lens=q_lens,
+        k_lens=k_lens,
+        q_tiles=_tiles(q_segs, block, offset=k_total - q_total),  # bottom-right: query i at Tk - Tq + i
+        k_tiles=k_tiles,
+        k_batch=tuple(key.shape[:-2]),
+        d=d,
+        dv=dv,
+        acc=torch.promote_types(query.dtype, torch.float32),
+        gqa=gqa,
+        overlap=overlap,
+        stats=stats,
+    )
+    return _RingAttention.apply(query, key, value, plan)
