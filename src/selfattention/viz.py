@@ -1,0 +1,115 @@
+"""Figures of attention (matplotlib). Every function returns a ``matplotlib.figure.Figure``.
+
+Figures are built on ``matplotlib.figure.Figure`` directly — no pyplot state, no GUI backend, nothing is
+ever shown — so they work headless, in threads and in tests. Save one with ``fig.savefig("a.png")``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from matplotlib.figure import Figure
+
+__all__ = ["attention_heatmap"]
+
+# Annotate each cell with its value up to this many rows and columns (beyond, the numbers are unreadable).
+ANNOTATE_MAX_TOKENS = 16
+# Label at most this many ticks per axis; longer inputs label every n-th token.
+MAX_TICK_LABELS = 64
+
+
+def attention_heatmap(
+    weights: torch.Tensor,
+    row_labels: Sequence[str],
+    col_labels: Sequence[str],
+    title: str = "",
+    annotate: bool | None = None,
+) -> Figure:
+    """A heatmap of one attention matrix: queries down the side, keys along the top.
+
+    Cell (i, j) is the weight query token i gives key token j (row i sums to 1 for softmax weights).
+    Colours use the perceptually uniform ``viridis`` map from 0 to the largest weight, with a colour bar;
+    key labels are rotated so that long tokens stay readable. Beyond 64 tokens per axis only every n-th
+    token is labelled (every cell is still drawn) and the figure stops growing.
+
+    Args:
+        weights: (Tq, Tk) real tensor (or anything ``torch.as_tensor`` takes), e.g.
+            ``ModelRun.attentions[layer, head]``.
+        row_labels: Tq query-token labels. col_labels: Tk key-token labels.
+        title: figure title.
+        annotate: write each value in its cell; ``None`` means yes when Tq and Tk are both
+            ≤ 16 (``ANNOTATE_MAX_TOKENS``).
+
+    Returns:
+        A new ``matplotlib.figure.Figure`` (Agg canvas); size grows with the token count.
+
+    Raises:
+        ValueError: ``weights`` is not 2-D, is empty, holds NaN, or the label counts do not match its
+            shape.
+
+    >>> fig = attention_heatmap(torch.tensor([[0.67, 0.33], [0.33, 0.67]]), ["q0", "q1"], ["k0", "k1"])
+    >>> type(fig).__name__, len(fig.axes)          # the heatmap and its colour bar
+    ('Figure', 2)
+    """
+    w = torch.as_tensor(weights).detach().to("cpu", torch.float64)
+    if w.dim() != 2:
+        raise ValueError(f"weights must be 2-D (Tq, Tk), got shape {tuple(w.shape)}")
+    n_rows, n_cols = w.shape
+    if n_rows == 0 or n_cols == 0:
+        raise ValueError(f"weights must not be empty, got shape {tuple(w.shape)}")
+    if bool(torch.isnan(w).any()):
+        raise ValueError("weights contain NaN")
+    if len(row_labels) != n_rows:
+        raise ValueError(f"row_labels has {len(row_labels)} labels but weights has {n_rows} rows")
+    if len(col_labels) != n_cols:
+        raise ValueError(f"col_labels has {len(col_labels)} labels but weights has {n_cols} columns")
+    if annotate is None:
+        annotate = max(n_rows, n_cols) <= ANNOTATE_MAX_TOKENS
+
+    cell = 0.42 if annotate else 0.22  # inches per token
+    width = min(16.0, max(4.5, 2.4 + cell * min(n_cols, MAX_TICK_LABELS)))
+    height = min(15.0, max(3.5, 2.0 + cell * min(n_rows, MAX_TICK_LABELS)))
+    fig = Figure(figsize=(width, height), layout="constrained")
+    ax = fig.add_subplot()
+    finite = w[torch.isfinite(w)]
+    vmax = float(finite.max()) if finite.numel() else 1.0
+    vmin = min(0.0, float(finite.min())) if finite.numel() else 0.0
+    if vmax <= vmin:
+        vmax = vmin + 1.0
+    image = ax.imshow(w.numpy(), cmap="viridis", vmin=vmin, vmax=vmax, aspect="auto", interpolation="nearest")
+
+    # (long inputs: every n-th token is labelled, so the labels stay legible)
+    x_ticks = range(0, n_cols, -(-n_cols // MAX_TICK_LABELS))
+    y_ticks = range(0, n_rows, -(-n_rows // MAX_TICK_LABELS))
+    ax.set_xticks(
+        x_ticks, [str(col_labels[j]) for j in x_ticks], rotation=60, ha="right", rotation_mode="anchor"
+    )
+    ax.set_yticks(y_ticks, [str(row_labels[i]) for i in y_ticks])
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    ax.tick_params(length=0)
+    font = max(5.0, min(9.0, 120.0 / min(max(n_rows, n_cols), MAX_TICK_LABELS)))
+    for label in [*ax.get_xticklabels(), *ax.get_yticklabels()]:
+        label.set_fontsize(font)
+    if title:
+        ax.set_title(title, fontsize=11)
+
+    if annotate:
+        mid = vmin + 0.5 * (vmax - vmin)
+        for i in range(n_rows):
+            for j in range(n_cols):
+                v = float(w[i, j])
+                ax.text(
+                    j,
+                    i,
+                    f"{v:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if v > mid else "white",  # viridis: dark low end, bright high end
+                )
+
+    bar = fig.colorbar(image, ax=ax, shrink=0.85)
+    bar.set_label("attention weight")
+    return fig
