@@ -1,0 +1,614 @@
+// selfattention attention report. Plain JavaScript, no libraries, no network: everything it needs is in
+// the <script type="application/json" id="report-data"> block written by selfattention.report.
+"use strict";
+(function () {
+  const T0 = performance.now();
+  const $ = (id) => document.getElementById(id);
+  const app = $("app");
+
+  function showError(msg) {
+    const box = $("error");
+    box.hidden = false;
+    box.textContent = "The report could not be drawn: " + msg;
+  }
+  window.addEventListener("error", (e) => showError(e.message || String(e)));
+  window.addEventListener("unhandledrejection", (e) => showError(String(e.reason && e.reason.stack || e.reason)));
+
+  // ---------- small helpers ----------
+  function el(tag, attrs, ...kids) {
+    const n = document.createElement(tag);
+    if (attrs) for (const [k, v] of Object.entries(attrs)) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === "class") n.className = v;
+      else if (k === "text") n.textContent = v;
+      else if (k === "style") n.style.cssText = v;
+      else if (k.startsWith("on")) n.addEventListener(k.slice(2), v);
+      else n.setAttribute(k, v === true ? "" : v);
+    }
+    for (const c of kids.flat()) if (c !== null && c !== undefined) n.append(c instanceof Node ? c : String(c));
+    return n;
+  }
+  function fmt(x, p) {
+    p = p || 5;
+    if (!Number.isFinite(x)) return String(x);
+    if (x === 0) return "0";
+    const a = Math.abs(x);
+    if (a >= 1e-3 && a < 1e6) {
+      // p significant digits, at least 4 decimals for numbers below 1
+      const d = Math.max(0, p - 1 - Math.floor(Math.log10(a)));
+      return x.toFixed(Math.min(d, 10));
+    }
+    return x.toExponential(p - 2);
+  }
+  const pct = (x) => (100 * x).toFixed(x < 0.1 ? 2 : 1) + "%";
+  const SPECIAL = /^\[(CLS|SEP|PAD|UNK|MASK)\]$/;
+
+  async function decode(enc) {
+    const bin = atob(enc.b64);
+    let bytes = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+    if (enc.deflate) {
+      const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
+      bytes = new Uint8Array(await new Response(stream).arrayBuffer());
+    }
+    const C = { f32: Float32Array, f64: Float64Array, u8: Uint8Array }[enc.dtype];
+    const n = enc.shape.reduce((a, b) => a * b, 1);
+    const buf = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + n * C.BYTES_PER_ELEMENT);
+    const arr = new C(buf);
+    arr.shape = enc.shape;
+    return arr;
+  }
+
+  // ---------- colour map: pale yellow → green → blue → navy (perceptually ordered, 0 is near white) ----------
+  const STOPS = [
+    [0.0, [252, 253, 244]], [0.1, [237, 248, 190]], [0.22, [199, 233, 180]], [0.36, [127, 205, 187]],
+    [0.5, [65, 182, 196]], [0.64, [29, 145, 192]], [0.78, [34, 94, 168]], [0.9, [37, 52, 148]], [1.0, [8, 29, 88]],
+  ];
+  const LUT = new Uint8Array(256 * 3);
+  for (let i = 0; i < 256; i++) {
+    const t = i / 255;
+    let k = 0;
+    while (k < STOPS.length - 2 && t > STOPS[k + 1][0]) k++;
+    const [t0, c0] = STOPS[k], [t1, c1] = STOPS[k + 1];
+    const f = (t - t0) / (t1 - t0);
+    for (let c = 0; c < 3; c++) LUT[3 * i + c] = Math.round(c0[c] + f * (c1[c] - c0[c]));
+  }
+  const rgb = (i) => `rgb(${LUT[3 * i]},${LUT[3 * i + 1]},${LUT[3 * i + 2]})`;
+  const APPROX = new Float32Array(256);
+  for (let q = 0; q < 256; q++) APPROX[q] = (q / 255) * (q / 255);
+
+  // ---------- state ----------
+  let D, T, L, H, U8;
+  const exact = {};          // "l.h" -> {weights, scores, scaled, context, [query, key, value], scale}
+  const approxCache = {};
+  const S = { layer: 0, head: 0, token: 0, dir: "out", scale: "sqrt", metric: "entropy", showAll: false, sortByWeight: false, hover: null };
+  const key = (l, h) => l + "." + h;
+
+  function headWeights(l, h) {
+    const e = exact[key(l, h)];
+    if (e) return e.weights;
+    const k = key(l, h);
+    if (!approxCache[k]) {
+      const off = (l * H + h) * T * T, a = new Float32Array(T * T);
+      for (let i = 0; i < T * T; i++) a[i] = APPROX[U8[off + i]];
+      approxCache[k] = a;
+    }
+    return approxCache[k];
+  }
+  function colourIndex(v, rowMax) {
+    let t;
+    if (S.scale === "linear") t = v;
+    else if (S.scale === "row") t = rowMax > 0 ? v / rowMax : 0;
+    else t = Math.sqrt(Math.max(v, 0));
+    return Math.max(0, Math.min(255, Math.round(t * 255)));
+  }
+  function rowMaxes(w) {
+    const m = new Float32Array(T);
+    for (let i = 0; i < T; i++) { let x = 0; for (let j = 0; j < T; j++) x = Math.max(x, w[i * T + j]); m[i] = x; }
+    return m;
+  }
+
+  // ---------- header ----------
+  function renderHeader() {
+    document.title = D.title + " · attention report";
+    $("title").textContent = D.title;
+    $("subtitle").textContent = D.subtitle || "";
+    const facts = $("facts");
+    for (const [k, v] of D.facts) facts.append(el("div", null, el("dt", { text: k }), el("dd", { text: v })));
+    $("caveat-text").textContent = D.caveat;
+    $("caveat-zh").textContent = D.caveat_zh || "";
+    const notes = $("notes");
+    for (const n of D.notes) notes.append(el("li", { text: n }));
+    if (D.exact_note) notes.append(el("li", { text: D.exact_note }));
+  }
+
+  // ---------- tokens ----------
+  let tokenSpans = [];
+  function renderTokens() {
+    const box = $("tokens");
+    box.textContent = "";
+    tokenSpans = D.tokens.map((t, i) => {
+      const s = el("span", { class: "tok" + (SPECIAL.test(t) ? " special" : ""), "data-i": i, title: `#${i}` }, t);
+      s.addEventListener("click", () => selectToken(i));
+      box.append(s);
+      return s;
+    });
+  }
+  function shadeTokens() {
+    const w = headWeights(S.layer, S.head), s = S.token;
+    const vals = new Float32Array(T);
+    for (let j = 0; j < T; j++) vals[j] = S.dir === "out" ? w[s * T + j] : w[j * T + s];
+    let mx = 0;
+    for (let j = 0; j < T; j++) mx = Math.max(mx, vals[j]);
+    for (let j = 0; j < T; j++) {
+      const t = mx > 0 ? vals[j] / mx : 0;
+      const ci = Math.round(Math.sqrt(t) * 255 * 0.92);
+      const span = tokenSpans[j];
+      span.style.background = rgb(ci);
+      span.style.color = ci > 150 ? "#fff" : "#1b1f2a";
+      span.dataset.shade = t.toFixed(4);
+      span.dataset.weight = String(vals[j]);
+      span.title = `#${j} · ${S.dir === "out" ? "weight from" : "weight to"} “${D.tokens[s]}”: ${fmt(vals[j])}`;
+      span.classList.toggle("sel", j === s);
+    }
+    $("tokens-hint").textContent = S.dir === "out"
+      ? `shade: how much “${D.tokens[s]}” (#${s}) attends to each token (√, relative to its largest weight)`
+      : `shade: how much each token attends to “${D.tokens[s]}” (#${s}) (√, relative to the largest)`;
+  }
+
+  // ---------- head grid ----------
+  let thumbs = [];
+  function renderGrid() {
+    const grid = $("head-grid");
+    grid.textContent = "";
+    grid.style.gridTemplateColumns = `28px repeat(${H}, minmax(20px, 52px))`;
+    grid.append(el("span"));
+    for (let h = 0; h < H; h++) grid.append(el("span", { class: "lab", text: "H" + h }));
+    thumbs = [];
+    for (let l = 0; l < L; l++) {
+      grid.append(el("span", { class: "lab", text: "L" + l }));
+      for (let h = 0; h < H; h++) {
+        const R = Math.min(T, 64);
+        const c = el("canvas", { class: "thumb", width: R, height: R, "data-layer": l, "data-head": h });
+        const st = D.stats;
+        c.title = `layer ${l} · head ${h}\nentropy ${fmt(st.entropy[l][h], 3)} bits · self ${pct(st.self[l][h])}` +
+          ` · first ${pct(st.first[l][h])} · last ${pct(st.last[l][h])}` + (exact[key(l, h)] ? "\nexact values stored" : "");
+        c.addEventListener("click", () => selectHead(l, h));
+        grid.append(c);
+        thumbs.push(c);
+      }
+    }
+    const nExact = Object.keys(exact).length;
+    $("grid-note").textContent = (T > 64 ? `Thumbnails show the largest weight in each block of ${Math.ceil(T / 64)}×${Math.ceil(T / 64)} cells. ` : "") +
+      (nExact < L * H ? `Exact values stored for ${nExact} of ${L * H} heads (${Object.keys(exact).map((k) => "L" + k.replace(".", "·H")).join(", ")}).` : "Exact values stored for every head.");
+    drawThumbs();
+  }
+  // thumbnails come straight from the 8-bit data (q = round(255·√w)): max-pool q over blocks, then map
+  // q to the colour index of the current scale
+  const LIN = new Uint8Array(256);
+  for (let q = 0; q < 256; q++) LIN[q] = Math.round(255 * APPROX[q]);
+  function drawThumbs() {
+    for (const c of thumbs) {
+      const l = +c.dataset.layer, h = +c.dataset.head, R = c.width, off = (l * H + h) * T * T;
+      const ctx = c.getContext("2d"), img = ctx.createImageData(R, R), px = img.data;
+      let rowQ = null;
+      if (S.scale === "row") {
+        rowQ = new Uint8Array(T);
+        for (let i = 0; i < T; i++) { let m = 0; const b = off + i * T; for (let j = 0; j < T; j++) if (U8[b + j] > m) m = U8[b + j]; rowQ[i] = m; }
+      }
+      for (let a = 0; a < R; a++) {
+        const i0 = Math.floor(a * T / R), i1 = Math.max(i0 + 1, Math.floor((a + 1) * T / R));
+        for (let b = 0; b < R; b++) {
+          const j0 = Math.floor(b * T / R), j1 = Math.max(j0 + 1, Math.floor((b + 1) * T / R));
+          let best = 0;
+          for (let i = i0; i < i1; i++) {
+            const base = off + i * T;
+            if (rowQ) {
+              const m = rowQ[i] || 1;
+              for (let j = j0; j < j1; j++) { const ci = Math.round(255 * (U8[base + j] / m) ** 2); if (ci > best) best = ci; }
+            } else {
+              for (let j = j0; j < j1; j++) if (U8[base + j] > best) best = U8[base + j];
+            }
+          }
+          if (S.scale === "linear") best = LIN[best];
+          const o = 4 * (a * R + b);
+          px[o] = LUT[3 * best]; px[o + 1] = LUT[3 * best + 1]; px[o + 2] = LUT[3 * best + 2]; px[o + 3] = 255;
+        }
+      }
+      ctx.putImageData(img, 0, 0);
+      c.classList.toggle("sel", l === S.layer && h === S.head);
+    }
+  }
+
+  // ---------- big heatmap ----------
+  const geo = { size: 0, left: 0, top: 0, cell: 1, labels: false };
+  let cellImage = null;
+  function layoutHeat() {
+    const wrap = $("heat-wrap"), dpr = window.devicePixelRatio || 1;
+    const size = Math.max(200, Math.round(wrap.clientWidth || 600));
+    geo.size = size;
+    const ctx0 = $("heatmap").getContext("2d");
+    ctx0.font = (T <= 24 ? "14px " : "11px ") + getComputedStyle(document.body).fontFamily;
+    let lab = 0;
+    for (const t of D.tokens) lab = Math.max(lab, ctx0.measureText(t).width);
+    const margin0 = Math.min(120, Math.ceil(lab) + 12);
+    const cellIfLabels = (size - margin0 - 4) / T;
+    geo.labels = cellIfLabels >= 11;
+    const m = geo.labels ? margin0 : 34;
+    geo.left = m; geo.top = m;
+    geo.cell = (size - m - 4) / T;
+    for (const id of ["heatmap", "overlay"]) {
+      const c = $(id);
+      c.width = Math.round(size * dpr); c.height = Math.round(size * dpr);
+      c.getContext("2d").setTransform(dpr, 0, 0, dpr, 0, 0);
+    }
+  }
+  function drawHeat() {
+    const w = headWeights(S.layer, S.head);
+    const rm = rowMaxes(w);
+    const off = document.createElement("canvas");
+    off.width = T; off.height = T;
+    const octx = off.getContext("2d"), img = octx.createImageData(T, T), px = img.data;
+    for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) {
+      const ci = colourIndex(w[i * T + j], rm[i]), o = 4 * (i * T + j);
+      px[o] = LUT[3 * ci]; px[o + 1] = LUT[3 * ci + 1]; px[o + 2] = LUT[3 * ci + 2]; px[o + 3] = 255;
+    }
+    octx.putImageData(img, 0, 0);
+    cellImage = off;
+    const c = $("heatmap"), ctx = c.getContext("2d");
+    ctx.clearRect(0, 0, geo.size, geo.size);
+    ctx.imageSmoothingEnabled = false;
+    ctx.drawImage(off, geo.left, geo.top, geo.cell * T, geo.cell * T);
+    ctx.strokeStyle = "#d0d5dd"; ctx.lineWidth = 1;
+    ctx.strokeRect(geo.left - 0.5, geo.top - 0.5, geo.cell * T + 1, geo.cell * T + 1);
+    const fontPx = Math.max(11, Math.min(14, Math.floor(geo.cell * 0.4)));
+    const family = getComputedStyle(document.body).fontFamily;
+    ctx.fillStyle = "#475467";
+    ctx.font = fontPx + "px " + family;
+    if (geo.cell >= 30) {
+      // big cells: write each weight in its cell
+      ctx.textAlign = "center"; ctx.textBaseline = "middle";
+      ctx.font = "600 " + Math.min(15, Math.floor(geo.cell / 4.2)) + "px " + family;
+      for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) {
+        const v = w[i * T + j], ci = colourIndex(v, rm[i]);
+        ctx.fillStyle = ci > 150 ? "#ffffff" : "#1b1f2a";
+        ctx.fillText(exact[key(S.layer, S.head)] ? v.toFixed(4) : "≈" + v.toFixed(3), geo.left + (j + 0.5) * geo.cell, geo.top + (i + 0.5) * geo.cell);
+      }
+      ctx.fillStyle = "#475467";
+      ctx.font = fontPx + "px " + family;
+    }
+    if (geo.labels) {
+      ctx.textAlign = "right"; ctx.textBaseline = "middle";
+      for (let i = 0; i < T; i++) ctx.fillText(D.tokens[i], geo.left - 6, geo.top + (i + 0.5) * geo.cell);
+      let widest = 0;
+      for (const t of D.tokens) widest = Math.max(widest, ctx.measureText(t).width);
+      const dpr = window.devicePixelRatio || 1;
+      ctx.save();
+      for (let j = 0; j < T; j++) {
+        ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+        if (widest <= geo.cell - 6) {
+          ctx.textAlign = "center"; ctx.textBaseline = "bottom";
+          ctx.fillText(D.tokens[j], geo.left + (j + 0.5) * geo.cell, geo.top - 6);
+        } else {
+          ctx.translate(geo.left + (j + 0.5) * geo.cell, geo.top - 6);
+          ctx.rotate(-Math.PI / 2);
+          ctx.textAlign = "left"; ctx.textBaseline = "middle";
+          ctx.fillText(D.tokens[j], 0, 0);
+        }
+      }
+      ctx.restore();
+    } else {
+      const step = niceStep(T);
+      ctx.textBaseline = "middle";
+      for (let i = 0; i <= T - 1; i += step) {
+        ctx.textAlign = "right";
+        ctx.fillText(String(i), geo.left - 5, geo.top + (i + 0.5) * geo.cell);
+        ctx.textAlign = "center";
+        ctx.fillText(String(i), geo.left + (i + 0.5) * geo.cell, geo.top - 10);
+      }
+      ctx.textAlign = "left";
+      ctx.fillText("key →", geo.left + geo.cell * T - 34, geo.top - 24 < 2 ? 8 : geo.top - 24);
+    }
+    drawOverlay();
+  }
+  function niceStep(n) {
+    for (const s of [1, 2, 5, 10, 20, 25, 50, 100, 128, 200, 256]) if (n / s <= 8) return s;
+    return 500;
+  }
+  function drawOverlay() {
+    const c = $("overlay"), ctx = c.getContext("2d"), s = S.token, g = geo;
+    ctx.clearRect(0, 0, g.size, g.size);
+    const x0 = g.left, y0 = g.top, n = g.cell * T, cs = g.cell;
+    // veil everything except the selected row (what the token attends to) and column (what attends to it)
+    if (cs >= 4) {
+      ctx.fillStyle = "rgba(255,255,255,0.6)";
+      ctx.fillRect(x0, y0, n, n);
+      ctx.clearRect(x0, y0 + s * cs, n, cs);     // row band
+      ctx.clearRect(x0 + s * cs, y0, cs, n);     // column band
+    }
+    // outline the two bands (at least 3 px wide, so a 1-px row stays visible at 512 tokens)
+    const band = Math.max(cs, 3), rs = y0 + (s + 0.5) * cs - band / 2, cl = x0 + (s + 0.5) * cs - band / 2;
+    ctx.lineWidth = Math.max(1.5, Math.min(2.5, cs / 3));
+    ctx.strokeStyle = "#e8572a";
+    const pad = Math.max(1, ctx.lineWidth / 2);
+    const rowBox = () => ctx.strokeRect(x0 - pad, rs - pad, n + 2 * pad, band + 2 * pad);
+    const colBox = () => ctx.strokeRect(cl - pad, y0 - pad, band + 2 * pad, n + 2 * pad);
+    if (S.dir === "out") { rowBox(); ctx.setLineDash([4, 3]); colBox(); } else { colBox(); ctx.setLineDash([4, 3]); rowBox(); }
+    ctx.setLineDash([]);
+    // markers in the margins
+    ctx.fillStyle = "#e8572a";
+    ctx.beginPath(); ctx.moveTo(x0 - 3, y0 + (s + 0.5) * cs); ctx.lineTo(x0 - 10, y0 + (s + 0.5) * cs - 5); ctx.lineTo(x0 - 10, y0 + (s + 0.5) * cs + 5); ctx.fill();
+    ctx.beginPath(); ctx.moveTo(x0 + (s + 0.5) * cs, y0 - 3); ctx.lineTo(x0 + (s + 0.5) * cs - 5, y0 - 10); ctx.lineTo(x0 + (s + 0.5) * cs + 5, y0 - 10); ctx.fill();
+    if (S.hover) {
+      const [i, j] = S.hover;
+      ctx.lineWidth = 1.5; ctx.strokeStyle = "#101828";
+      ctx.strokeRect(x0 + j * cs - 1, y0 + i * cs - 1, cs + 2, cs + 2);
+    }
+    c.dataset.row = String(s);
+    c.dataset.col = String(s);
+  }
+  function cellAt(ev) {
+    const r = $("overlay").getBoundingClientRect();
+    const x = (ev.clientX - r.left) * (geo.size / r.width), y = (ev.clientY - r.top) * (geo.size / r.height);
+    const j = Math.floor((x - geo.left) / geo.cell), i = Math.floor((y - geo.top) / geo.cell);
+    if (i < 0 || j < 0 || i >= T || j >= T) return null;
+    return [i, j, ev.clientX - r.left, ev.clientY - r.top, r.width];
+  }
+  function onHover(ev) {
+    const hit = cellAt(ev), tip = $("tooltip");
+    if (!hit) { tip.hidden = true; S.hover = null; drawOverlay(); return; }
+    const [i, j, px, py, width] = hit;
+    if (!S.hover || S.hover[0] !== i || S.hover[1] !== j) {
+      S.hover = [i, j];
+      drawOverlay();
+      const e = exact[key(S.layer, S.head)];
+      const w = headWeights(S.layer, S.head)[i * T + j];
+      tip.textContent = "";
+      tip.append(
+        el("div", null, "query ", el("span", { class: "t", text: D.tokens[i] }), ` #${i} → key `, el("span", { class: "t", text: D.tokens[j] }), ` #${j}`),
+        e ? el("div", null, "weight ", el("span", { class: "w", text: w.toPrecision(6) }))
+          : el("div", null, "weight ≈ ", el("span", { class: "w", text: fmt(w, 3) }), el("span", { class: "sub", text: "  (8-bit; exact not stored)" })),
+        e ? el("div", { class: "sub", text: `score ${fmt(e.scores[i * T + j])} · scaled ${fmt(e.scaled[i * T + j])}` }) : null,
+      );
+      tip.dataset.query = String(i);
+      tip.dataset.key = String(j);
+      tip.dataset.weight = String(w);
+      tip.dataset.exact = e ? "1" : "0";
+    }
+    tip.hidden = false;
+    const tw = tip.offsetWidth;
+    tip.style.left = Math.min(px + 14, width - tw - 4) + "px";
+    tip.style.top = (py + 16) + "px";
+  }
+
+  // ---------- legend ----------
+  function drawLegend() {
+    const c = $("legend"), w = Math.max(100, c.clientWidth || 600);
+    c.width = w; c.height = 12;
+    const ctx = c.getContext("2d");
+    for (let x = 0; x < w; x++) { ctx.fillStyle = rgb(Math.round((x / (w - 1)) * 255)); ctx.fillRect(x, 0, 1, 12); }
+    const ticks = $("legend-ticks");
+    ticks.textContent = "";
+    const vals = S.scale === "sqrt" ? [0, 0.01, 0.05, 0.1, 0.25, 0.5, 1] : S.scale === "linear" ? [0, 0.25, 0.5, 0.75, 1] : null;
+    if (vals) {
+      for (const v of vals) {
+        const pos = S.scale === "sqrt" ? Math.sqrt(v) : v;
+        ticks.append(el("span", { style: `left:${(pos * 100).toFixed(2)}%`, text: String(v) }));
+      }
+    } else {
+      ticks.append(el("span", { style: "left:3%", text: "0" }), el("span", { style: "left:90%", text: "row's largest" }));
+    }
+  }
+
+  // ---------- head stats line ----------
+  function renderHeadStats() {
+    const st = D.stats, l = S.layer, h = S.head;
+    $("heat-title").textContent = L * H > 1 ? `Layer ${l} · head ${h}` : "Attention weights";
+    const box = $("head-stats");
+    box.textContent = "";
+    const first = D.tokens[0], last = D.tokens[T - 1];
+    const items = [
+      ["entropy", `${fmt(st.entropy[l][h], 3)} bits`, `of at most ${fmt(Math.log2(T), 3)} (uniform)`],
+      ["on self", pct(st.self[l][h])],
+      [`on first “${first}”`, pct(st.first[l][h])],
+      [`on last “${last}”`, pct(st.last[l][h])],
+    ];
+    for (const [k, v, extra] of items) box.append(el("span", null, k + " ", el("b", { text: v }), extra ? el("span", { class: "muted", text: " " + extra }) : null));
+  }
+
+  // ---------- statistics table ----------
+  const METRIC_NOTE = {
+    entropy: "Mean over query rows of −Σ w log₂ w, in bits. Low: each token looks at a few tokens; log₂ T: uniform.",
+    self: "Mean over query rows of the weight a token gives itself (the diagonal).",
+    first: "Mean over query rows of the weight on the first token. Heads that park most weight here (often [CLS]) act as a no-op.",
+    last: "Mean over query rows of the weight on the last token ([SEP] for the model), another common ‘sink’.",
+  };
+  function renderStats() {
+    const box = $("stats"), st = D.stats[S.metric];
+    box.textContent = "";
+    let lo = Infinity, hi = -Infinity;
+    for (const r of st) for (const v of r) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    const tbl = el("table", { class: "stats" });
+    tbl.append(el("tr", null, el("th"), Array.from({ length: H }, (_, h) => el("th", { text: "H" + h }))));
+    for (let l = 0; l < L; l++) {
+      const tr = el("tr", null, el("th", { text: "L" + l }));
+      for (let h = 0; h < H; h++) {
+        const v = st[l][h], t = hi > lo ? (v - lo) / (hi - lo) : 0.5, ci = Math.round(t * 220);
+        const td = el("td", {
+          class: l === S.layer && h === S.head ? "sel" : null,
+          style: `background:${rgb(ci)};color:${ci > 150 ? "#fff" : "#1b1f2a"}`,
+          title: `layer ${l} · head ${h}`,
+          text: S.metric === "entropy" ? v.toFixed(2) : (100 * v).toFixed(1),
+        });
+        td.addEventListener("click", () => selectHead(l, h));
+        tr.append(td);
+      }
+      tbl.append(tr);
+    }
+    box.append(el("div", { class: "stats-wrap" }, tbl));
+    $("metric-note").textContent = METRIC_NOTE[S.metric] + (S.metric === "entropy" ? "" : " Shown in %.");
+  }
+
+  // ---------- trace ----------
+  function matTable(title, arr, rows, cols, rowLabels, colLabels, selRow) {
+    const tbl = el("table", { class: "num mat" }, el("caption", { text: title }));
+    tbl.append(el("tr", null, el("th"), colLabels.map((c) => el("th", { text: c }))));
+    for (let i = 0; i < rows; i++) {
+      const tr = el("tr", { class: i === selRow ? "sel" : null }, el("th", { class: "rl", text: rowLabels[i] }));
+      for (let j = 0; j < cols; j++) tr.append(el("td", { text: fmt(arr[i * cols + j], 4) }));
+      tbl.append(tr);
+    }
+    return tbl;
+  }
+  function renderTrace() {
+    const box = $("trace"), l = S.layer, h = S.head, s = S.token, e = exact[key(l, h)];
+    box.textContent = "";
+    $("trace-hint").textContent = `layer ${l} · head ${h} · query “${D.tokens[s]}” (#${s})`;
+    if (!e) {
+      box.append(el("div", { class: "missing" },
+        `The trace of layer ${l} · head ${h} is not stored in this file (exact values are kept for `,
+        el("b", { text: Object.keys(exact).map((k) => "L" + k.replace(".", "·H")).join(", ") }),
+        `). Select one of those heads, or make a report for this head: `,
+        el("code", { text: `selfattention report … --head ${l}.${h}` }), "."));
+      return;
+    }
+    const dk = e.query ? e.query.shape[1] : D.head_dim, dv = e.context.shape[1];
+    box.append(el("div", { class: "formula", text:
+      `scores = Q Kᵀ   →   scaled = scores × ${fmt(e.scale, 6)}${e.scale === 1 ? "" : " (1/√" + dk + ")"}   →   weights = softmax over each row   →   context = weights · V` }));
+    if (T <= 12) {
+      const tok = D.tokens, dl = (n) => Array.from({ length: n }, (_, i) => "d" + i);
+      const mats = el("div", { class: "mats" });
+      if (e.query) {
+        mats.append(matTable("Q (query)", e.query, T, dk, tok, dl(dk), s));
+        mats.append(matTable("K (key)", e.key, T, dk, tok, dl(dk), s));
+        mats.append(matTable("V (value)", e.value, T, e.value.shape[1], tok, dl(e.value.shape[1]), s));
+      }
+      mats.append(matTable("1 · scores Q Kᵀ", e.scores, T, T, tok, tok, s));
+      mats.append(matTable(`2 · scaled × ${fmt(e.scale, 4)}`, e.scaled, T, T, tok, tok, s));
+      mats.append(matTable("3 · weights softmax", e.weights, T, T, tok, tok, s));
+      mats.append(matTable("4 · context weights · V", e.context, T, dv, tok, dl(dv), s));
+      box.append(mats);
+    }
+    // one query's row of the trace, key by key
+    const order = Array.from({ length: T }, (_, j) => j);
+    const wrow = (j) => e.weights[s * T + j];
+    if (S.sortByWeight) order.sort((a, b) => wrow(b) - wrow(a) || a - b);
+    const limit = S.showAll || T <= 40 ? T : 24;
+    const shown = S.sortByWeight || limit === T ? order.slice(0, limit) : windowAround(s, limit);
+    let mx = 0, sum = 0;
+    for (let j = 0; j < T; j++) { mx = Math.max(mx, wrow(j)); sum += wrow(j); }
+    const bar = el("div", { class: "toolbar" },
+      el("span", { class: "small muted", text: `Row ${s} of the trace: query “${D.tokens[s]}” against every key.` }),
+      el("button", { class: "btn", type: "button", onclick: () => { S.sortByWeight = !S.sortByWeight; renderTrace(); },
+        text: S.sortByWeight ? "order by position" : "order by weight" }),
+      T > 40 ? el("button", { class: "btn", type: "button", onclick: () => { S.showAll = !S.showAll; renderTrace(); },
+        text: S.showAll ? `show ${24} keys` : `show all ${T} keys` }) : null);
+    const tbl = el("table", { class: "num" });
+    tbl.append(el("tr", null, ["#", "key"].map((t) => el("th", { class: "rl", text: t })),
+      ["score qᵢ·kⱼ", `scaled ×${fmt(e.scale, 4)}`, "weight", ""].map((t) => el("th", { text: t }))));
+    for (const j of shown) {
+      const wj = wrow(j);
+      tbl.append(el("tr", { class: j === s ? "sel" : null, "data-key": j },
+        el("th", { class: "rl", text: String(j) }),
+        el("th", { class: "rl", text: D.tokens[j] }),
+        el("td", { text: fmt(e.scores[s * T + j]) }),
+        el("td", { text: fmt(e.scaled[s * T + j]) }),
+        el("td", { class: wj === mx ? "hot" : null, text: fmt(wj) }),
+        el("td", { class: "barcell" }, el("span", { class: "bar", style: `width:${mx > 0 ? (100 * wj / mx).toFixed(1) : 0}px` }))));
+    }
+    const left = el("div", null, bar, el("div", { class: "scroll" }, tbl),
+      el("p", { class: "small muted", text: `Σ weights over all ${T} keys = ${sum.toFixed(6)}` + (limit < T ? ` · showing ${shown.length} of ${T} keys` : "") }));
+    const ctx = el("div", { class: "ctx" },
+      el("div", { class: "small", style: "font-weight:600;margin-bottom:6px", text: `Context vector z${sub(s)} = Σⱼ weightⱼ · vⱼ  (${dv} numbers)` }),
+      el("div", { class: "chips" }, Array.from({ length: dv }, (_, d) => el("span", null, el("i", { text: "d" + d }), fmt(e.context[s * dv + d], 4)))));
+    box.append(el("div", { class: "row-trace" }, left, ctx));
+  }
+  function windowAround(s, n) {
+    let a = Math.max(0, s - Math.floor(n / 2));
+    const b = Math.min(T, a + n);
+    a = Math.max(0, b - n);
+    return Array.from({ length: b - a }, (_, k) => a + k);
+  }
+  function sub(n) { return String(n).split("").map((c) => "₀₁₂₃₄₅₆₇₈₉"[+c]).join(""); }
+
+  // ---------- selection ----------
+  function syncSeg(id, attr, value) {
+    for (const b of $(id).querySelectorAll("button")) b.classList.toggle("on", b.dataset[attr] === value);
+  }
+  function publish() {
+    app.dataset.layer = String(S.layer);
+    app.dataset.head = String(S.head);
+    app.dataset.token = String(S.token);
+    app.dataset.dir = S.dir;
+    app.dataset.scale = S.scale;
+  }
+  function selectToken(i) {
+    S.token = Math.max(0, Math.min(T - 1, i));
+    shadeTokens(); drawOverlay(); renderTrace(); publish();
+  }
+  function selectHead(l, h) {
+    S.layer = l; S.head = h;
+    for (const c of thumbs) c.classList.toggle("sel", +c.dataset.layer === l && +c.dataset.head === h);
+    renderHeadStats(); drawHeat(); shadeTokens(); renderTrace(); renderStats(); publish();
+  }
+
+  async function main() {
+    D = JSON.parse($("report-data").textContent);
+    T = D.n_tokens; L = D.n_layers; H = D.n_heads;
+    S.layer = D.initial.layer; S.head = D.initial.head; S.token = D.initial.token;
+    renderHeader();
+    U8 = await decode(D.weights_u8);
+    const entries = Object.entries(D.exact);
+    await Promise.all(entries.map(async ([k, rec]) => {
+      const out = { scale: rec.scale };
+      for (const name of ["scores", "scaled", "weights", "context", "query", "key", "value"]) if (rec[name]) out[name] = await decode(rec[name]);
+      exact[k] = out;
+    }));
+    const tDecode = performance.now();
+    if (L * H === 1) $("left-col").hidden = true;
+    renderTokens();
+    if (L * H > 1) renderGrid();
+    layoutHeat();
+    drawLegend();
+    renderHeadStats();
+    drawHeat();
+    shadeTokens();
+    renderTrace();
+    if (L * H > 1) renderStats();
+    syncSeg("dir-toggle", "dir", S.dir); syncSeg("scale-toggle", "scale", S.scale); syncSeg("metric-toggle", "metric", S.metric);
+    publish();
+
+    const ov = $("overlay");
+    ov.addEventListener("mousemove", onHover);
+    ov.addEventListener("mouseleave", () => { $("tooltip").hidden = true; S.hover = null; drawOverlay(); });
+    ov.addEventListener("click", (ev) => { const hit = cellAt(ev); if (hit) selectToken(hit[0]); });
+    $("dir-toggle").addEventListener("click", (ev) => {
+      const b = ev.target.closest("button"); if (!b) return;
+      S.dir = b.dataset.dir; syncSeg("dir-toggle", "dir", S.dir); shadeTokens(); drawOverlay(); publish();
+    });
+    $("scale-toggle").addEventListener("click", (ev) => {
+      const b = ev.target.closest("button"); if (!b) return;
+      S.scale = b.dataset.scale; syncSeg("scale-toggle", "scale", S.scale); drawLegend(); drawHeat(); if (thumbs.length) drawThumbs(); publish();
+    });
+    $("metric-toggle").addEventListener("click", (ev) => {
+      const b = ev.target.closest("button"); if (!b) return;
+      S.metric = b.dataset.metric; syncSeg("metric-toggle", "metric", S.metric); renderStats();
+    });
+    document.addEventListener("keydown", (ev) => {
+      if (ev.target.closest && ev.target.closest("input, textarea")) return;
+      if (ev.key === "ArrowRight") { selectToken(S.token + 1); ev.preventDefault(); }
+      if (ev.key === "ArrowLeft") { selectToken(S.token - 1); ev.preventDefault(); }
+    });
+    let resizeTimer = 0;
+    window.addEventListener("resize", () => {
+      clearTimeout(resizeTimer);
+      resizeTimer = setTimeout(() => { layoutHeat(); drawHeat(); drawLegend(); }, 120);
+    });
+    const tDone = performance.now();
+    window.__report = { decodeMs: tDecode - T0, renderMs: tDone - tDecode, totalMs: tDone - T0 };
+    $("made").textContent = `Made by selfattention (python -m selfattention report). ${T} tokens, ${L} × ${H} heads; ` +
+      `decoded in ${Math.round(tDecode - T0)} ms, drawn in ${Math.round(tDone - tDecode)} ms. No network: everything is in this file.`;
+    app.dataset.ready = "1";
+  }
+  main().catch((e) => { showError(String(e && e.stack || e)); console.error(e); });
+})();
