@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "demo",
     "check",
     "explain",
+    "report",
 ]
 
 app = typer.Typer(
