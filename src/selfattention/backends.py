@@ -146,6 +146,8 @@ def torch_sdpa(
         # for the call, then return zeros (the output is replaced, so its gradient is zero too)
         seen_any = visible.any(dim=-1, keepdim=True)  # (..., Tq, 1)
         if not bool(seen_any.all()):
+            # ... and NaN/inf in such a query must not reach the key gradients through 0 · NaN
+            query = torch.where(seen_any | torch.isfinite(query), query, torch.zeros((), dtype=query.dtype))
             if mask_arg is None or mask_arg.dtype == torch.bool:
                 mask_arg = visible | ~seen_any
             else:

@@ -160,6 +160,11 @@ def attention_steps(
     visible = _visible(attn_mask, is_causal, score_shape, query.device)
     all_visible = torch.ones((), dtype=torch.bool, device=query.device).expand(score_shape)
     visible_or_all = all_visible if visible is None else visible
+    if visible is not None and not bool(torch.isfinite(q).all()):
+        # a query that sees no key takes no part: NaN/inf it holds must not reach the key gradients
+        # through 0 · NaN either (its output and gradient are zero)
+        blind = ~visible.any(dim=-1, keepdim=True)  # (..., Tq, 1)
+        q = torch.where(blind & ~torch.isfinite(q), torch.zeros((), dtype=acc, device=q.device), q)
 
     # Step 1: scores ω_ij = q_i · k_j  (…, Tq, Tk)
     scores = _guarded_matmul(
