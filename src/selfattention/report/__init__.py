@@ -419,10 +419,11 @@ def _asset(name: str) -> str:
 def render_html(payload: dict[str, Any]) -> str:
     """The report as one HTML string: ``report.html`` with the CSS, the JS and the payload inlined.
 
-    The payload goes into a ``<script type="application/json">`` block (``</`` escaped), so no token
-    text can break out of it.
+    The payload goes into a ``<script type="application/json">`` block with every ``<`` written as
+    ``\\u003c``, so no token text can break out of it.
     """
-    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    # "<" only occurs inside JSON strings; as \u003c no token can open or close a tag in the page
+    data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
     values = {
         "/*__CSS__*/": _asset("report.css"),
         "/*__JS__*/": _asset("report.js").replace("</script", "<\\/script"),

@@ -1,5 +1,5 @@
 // selfattention attention report. Plain JavaScript, no libraries, no network: everything it needs is in
-// the <script type="application/json" id="report-data"> block written by selfattention.report.
+// the JSON block (id "report-data") that selfattention.report writes into the page.
 "use strict";
 (function () {
   const T0 = performance.now();
@@ -346,6 +346,12 @@
     }
     c.dataset.row = String(s);
     c.dataset.col = String(s);
+    // geometry in CSS pixels of the canvas, for tools and tests: cell (i, j) spans
+    // [left + j·cell, left + (j+1)·cell) × [top + i·cell, top + (i+1)·cell)
+    c.dataset.left = String(g.left);
+    c.dataset.top = String(g.top);
+    c.dataset.cell = String(g.cell);
+    c.dataset.size = String(g.size);
   }
   function cellAt(ev) {
     const r = $("overlay").getBoundingClientRect();
