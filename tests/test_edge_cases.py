@@ -448,11 +448,23 @@ def _blind_queries(kw: dict) -> torch.Tensor | None:
     return blind if blind.any() else None
 
 
+_MADE: dict[str, tuple] = {}
+
+
+def _made(case: Case) -> tuple[dict, torch.Tensor, torch.Tensor | None]:
+    """The case's input (fresh copies) and expectation, built once per session (the oracle is slow)."""
+    if case.name not in _MADE:
+        _MADE[case.name] = case.make(torch.Generator().manual_seed(sum(map(ord, case.name))))
+    kw, expected, nan_rows = _MADE[case.name]
+    kw = {n: t.clone() if isinstance(t, torch.Tensor) else t for n, t in kw.items()}
+    return kw, expected, nan_rows
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_edge_case_table(case: Case, backend: str):
     g = torch.Generator().manual_seed(sum(map(ord, case.name)))
-    kw, expected, nan_rows = case.make(g)
+    kw, expected, nan_rows = _made(case)
     before = _snapshot(kw)
     fn = get_backend(backend)
     with warnings.catch_warnings():
@@ -592,47 +604,87 @@ def test_self_attention_module_edge_cases(backend):
     assert layer(x[:, :0]).shape == (2, 0, 5)
 
 
-def _mha_cls():
+def _mha_module():
     mha = pytest.importorskip("selfattention.mha")
-    cls = getattr(mha, "MultiHeadAttention", None)
-    if cls is None:
+    if not hasattr(mha, "MultiHeadAttention"):
         pytest.skip("selfattention.mha.MultiHeadAttention not there yet")
-    return cls
+    return mha.MultiHeadAttention
 
 
-def test_multi_head_attention_fully_masked_row_and_hidden_nan():
-    cls = _mha_cls()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_multi_head_attention_blind_query_and_nan_padding(backend):
+    cls = _mha_module()
     torch.manual_seed(14)
-    try:
-        layer = cls(d_in=8, d_out=8, num_heads=2).double()
-    except TypeError:
-        pytest.skip("MultiHeadAttention constructor differs from (d_in, d_out, num_heads)")
-    layer.eval()
-    x = torch.randn(2, 6, 8, dtype=torch.float64)
+    layer = cls(embed_dim=12, num_heads=4, num_kv_heads=2, backend=backend).double().eval()
+    x = torch.randn(2, 6, 12, dtype=torch.float64)
     mask = torch.ones(6, 6, dtype=torch.bool)
-    mask[2] = False
-    mask[:, 5] = False
+    mask[2] = False  # query 2 sees nothing -> context 0 -> output = out_proj.bias
     before = x.clone()
-    out = layer(x, attn_mask=mask)
+    out, _ = layer(x, attn_mask=mask)
     assert torch.isfinite(out).all()
+    assert torch.allclose(out[:, 2], layer.out_proj.bias.expand(2, 12), atol=1e-12)
     assert torch.equal(x, before)
-    # a blind query's context is zero, so its output is just the output projection's bias (if any)
-    zero_ctx = layer(torch.zeros_like(x), attn_mask=torch.zeros(6, 6, dtype=torch.bool))
-    assert torch.allclose(out[:, 2], zero_ctx[:, 2])
-    # changing the hidden token 5 changes nothing for the queries that do not see it ... except through
-    # its own query, so compare rows other than 5
+    # a padding token full of NaN (key_padding_mask False = padding) leaks into no real token
+    pad = torch.ones(2, 6, dtype=torch.bool)
+    pad[1, 4:] = False
+    ref, _ = layer(x, key_padding_mask=pad, is_causal=True)
     x2 = x.clone()
-    x2[:, 5] = 1e3
-    out2 = layer(x2, attn_mask=mask)
-    assert torch.allclose(out2[:, :5], out[:, :5], atol=1e-10)
+    x2[1, 4:] = NAN
+    out2, _ = layer(x2, key_padding_mask=pad, is_causal=True)
+    assert torch.allclose(out2[0], ref[0], atol=1e-12) and torch.allclose(out2[1, :4], ref[1, :4], atol=1e-12)
+    assert torch.isfinite(out2[1, :4]).all()
+    # with the padding QUERIES blind as well (a 4-D mask), even the gradients stay finite
+    blind_pad = pad[:, None, :, None] & pad[:, None, None, :]  # (B, 1, Tq, Tk)
+    x3 = x2.clone().requires_grad_()
+    out3, _ = layer(x3, attn_mask=blind_pad, is_causal=True)
+    assert torch.allclose(out3[1, 4:], layer.out_proj.bias.expand(2, 12), atol=1e-12)
+    out3.sum().backward()
+    # (the projections' weight gradients do get NaN: nn.Linear multiplies the NaN inputs by zero)
+    assert torch.isfinite(x3.grad[0]).all() and torch.isfinite(x3.grad[1, :4]).all()
 
 
-def test_kv_cache_offsets_match_full_causal_attention():
+def test_multi_head_attention_sizes_that_do_not_divide():
+    cls = _mha_module()
+    with pytest.raises(ValueError, match=r"embed_dim \(10\).*num_heads \(4\)"):
+        cls(embed_dim=10, num_heads=4)
+    with pytest.raises(ValueError, match=r"num_heads \(4\).*num_kv_heads \(3\)"):
+        cls(embed_dim=12, num_heads=4, num_kv_heads=3)
+    with pytest.raises(ValueError, match=r"num_heads must be a positive int, got 0"):
+        cls(embed_dim=12, num_heads=0)
+    layer = cls(embed_dim=12, num_heads=4)
+    with pytest.raises(ValueError, match=r"\(B, T, 12\).*\(2, 5, 11\)"):
+        layer(torch.randn(2, 5, 11))
+    with pytest.raises(TypeError, match="floating"):
+        layer(torch.ones(2, 5, 12, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("window", [None, 3])
+def test_kv_cache_offsets_chunked_prefill_and_decode_equal_full_causal(backend, window):
+    """Prefill 5 tokens, a chunk of 3, then 4 single decode steps: every output equals the full causal
+    (or sliding-window) pass over all 12 tokens: an off-by-one in the offsets would shift the masks."""
+    cls = _mha_module()
     kv = pytest.importorskip("selfattention.kv_cache")
-    cache_cls = getattr(kv, "KVCache", None)
-    if cache_cls is None:
-        pytest.skip("KVCache not there yet")
-    pytest.skip("KVCache API check is added once its interface lands")  # replaced when kv_cache.py lands
+    torch.manual_seed(15)
+    layer = cls(embed_dim=12, num_heads=4, num_kv_heads=2, backend=backend).double().eval()
+    x = torch.randn(2, 12, 12, dtype=torch.float64)
+    if window is None:
+        full, _ = layer(x, is_causal=True)
+    else:
+        full, _ = layer(x, attn_mask=masks.sliding_window_mask(12, window=window))
+    cache = layer.new_cache(batch_size=2, capacity=12, window=window)
+    assert isinstance(cache, kv.KVCache) and cache.offset == 0
+    pieces, pos = [], 0
+    for n in (5, 3, 1, 1, 1, 1):
+        out, _ = layer(x[:, pos : pos + n], kv_cache=cache)
+        pieces.append(out)
+        pos += n
+        assert cache.offset == pos
+    assert torch.allclose(torch.cat(pieces, dim=1), full, atol=1e-10)
+    # full cache: one more token is a clear error, not a silent overwrite
+    if window is None:
+        with pytest.raises(ValueError, match="capacity"):
+            layer(x[:, :1], kv_cache=cache)
 
 
 def test_non_tensor_backend_name_and_unknown_backend_are_clear():
