@@ -57,17 +57,17 @@ def _cell(v: float, is_max: bool) -> str:
     return s
 
 
-_HEADER_CHARS = 7  # key tokens longer than this are shortened in the table header
+_HEADER_CHARS = 6  # key tokens longer than this are shortened in the table header
 _LABEL_CHARS = 16  # and query labels to this
 
 
 def columns_that_fit(width: int, tokens: list[str], n_rows: int) -> int:
     """How many key columns of the weight table fit a console ``width`` (at least 2)."""
-    label = max(len(_short(f"{i} {t}", _LABEL_CHARS)) for i, t in enumerate(tokens[:n_rows])) + 2
-    rest = 6  # the 'rest' column, needed as soon as one column is left out
+    label = max(len(_short(f"{i} {t}", _LABEL_CHARS)) for i, t in enumerate(tokens[:n_rows])) + 1
+    rest = 5  # the 'rest' column, needed as soon as one column is left out
     used, n = label, 0
     for t in tokens:
-        used += max(4, len(_short(t, _HEADER_CHARS))) + 2
+        used += max(4, len(_short(t, _HEADER_CHARS))) + 1  # one space of left padding
         if used > width - (rest if n + 1 < len(tokens) else 0):
             break
         n += 1
@@ -79,7 +79,7 @@ def weight_table(weights, tokens: list[str], n_rows: int, n_cols: int, title: st
     holding each row's weight on the keys not shown, so every printed row still sums to 1."""
     T = len(tokens)
     table = Table(
-        title=title, title_justify="left", show_header=True, pad_edge=False, box=None, padding=(0, 1)
+        title=title, title_justify="left", show_header=True, pad_edge=False, box=None, padding=(0, 0, 0, 1)
     )
     table.add_column("", style="bold", no_wrap=True)
     for j in range(n_cols):
@@ -99,7 +99,7 @@ def weight_table(weights, tokens: list[str], n_rows: int, n_cols: int, title: st
 def top_table(run, layer: int, head: int, k: int, n_rows: int) -> Table:
     """Each query token's ``k`` most-attended tokens with their weights."""
     table = Table(
-        title=f"each token's top {k} attended tokens (weight; position in brackets)",
+        title=f"top {k} attended tokens per query: token [position] weight",
         title_justify="left",
         box=None,
         padding=(0, 1),
@@ -132,7 +132,7 @@ def explain(
         None, help="The text to run through the model (default: the built-in sentence above)."
     ),
     layer: int = typer.Option(DEFAULT_LAYER, "--layer", "-l", help="Layer, 0-5 (0-based)."),
-    head: int = typer.Option(DEFAULT_HEAD, "--head", "-h", help="Head, 0-11 (0-based)."),
+    head: int = typer.Option(DEFAULT_HEAD, "--head", help="Head, 0-11 (0-based)."),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write a heatmap PNG of this head's weights, tokens on both axes."
     ),
@@ -198,7 +198,7 @@ def explain(
             run.tokens,
             n_rows,
             n_cols,
-            "attention weights, ours (row = query, sums to 1; highlighted: the row's largest)",
+            "weights of our attention: row = query, sums to 1; highlighted = row max",
         )
     )
     if n_rows < T or n_cols < T:
