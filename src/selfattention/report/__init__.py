@@ -92,7 +92,7 @@ def encode_array(a: torch.Tensor | np.ndarray, dtype: str = "f32") -> dict[str, 
     if isinstance(a, torch.Tensor):
         a = a.detach().cpu().numpy()
     arr = np.ascontiguousarray(np.asarray(a), dtype=_DTYPES[dtype])
-    raw = zlib.compress(arr.tobytes(), 6)
+    raw = zlib.compress(arr.tobytes(), 1)  # level 1: 5× faster than 6, ~8% larger
     return {"dtype": dtype, "shape": list(arr.shape), "deflate": True, "b64": base64.b64encode(raw).decode()}
 
 

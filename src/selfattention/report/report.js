@@ -559,6 +559,8 @@
   }
 
   async function main() {
+    // the overlay is small and read back by tools and tests (pixel checks of the highlight)
+    $("overlay").getContext("2d", { willReadFrequently: true });
     D = JSON.parse($("report-data").textContent);
     T = D.n_tokens; L = D.n_layers; H = D.n_heads;
     S.layer = D.initial.layer; S.head = D.initial.head; S.token = D.initial.token;
