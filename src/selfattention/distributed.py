@@ -304,9 +304,13 @@ class _Pending:
         self.works, self.recv, self.stats = works, recv, stats
 
     def wait(self) -> torch.Tensor:
+        """Wait once (gloo's send work must not be waited on twice), then return the received buffer."""
+        if not self.works:
+            return self.recv
         t0 = time.perf_counter()
         for w in self.works:
             w.wait()
+        self.works = []
         if self.stats is not None:
             self.stats.wait_s += time.perf_counter() - t0
         return self.recv
