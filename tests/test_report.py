@@ -229,6 +229,37 @@ def test_model_report_notes_truncation_and_eager_difference():
     assert ["vs transformers eager", "max |Δw| = 3e-08"] in p["facts"]
 
 
+# ---------------------------------------------------------------- the static figure
+
+
+def test_head_grid_panels_show_each_heads_weights():
+    from selfattention.viz import attention_head_grid
+
+    w = torch.softmax(torch.randn(2, 3, 6, 6, dtype=torch.float64) * 2, dim=-1)
+    fig = attention_head_grid(w, title="t")
+    assert len(fig.axes) == 2 * 3 + 1  # the panels, then the colour bar
+    assert [fig.axes[h].get_title() for h in range(3)] == ["H0", "H1", "H2"]
+    assert fig.axes[3].get_ylabel() == "L1"
+    for k, ax in enumerate(fig.axes[:6]):
+        la, h = divmod(k, 3)
+        np.testing.assert_array_equal(ax.images[0].get_array(), w[la, h].numpy())
+        assert ax.texts[0].get_text() == f"{float(head_statistics(w)['entropy'][la, h]):.1f}"
+    assert len(attention_head_grid(w[0]).axes) == 3 + 1  # (H, T, T) is one layer
+
+
+@pytest.mark.parametrize(
+    "bad,match",
+    [(torch.ones(2, 3, 4), "T, T"), (torch.full((1, 1, 2, 2), float("nan")), "NaN")],
+)
+def test_head_grid_rejects_bad_weights(bad, match):
+    from selfattention.viz import attention_head_grid
+
+    with pytest.raises(ValueError, match=match):
+        attention_head_grid(bad)
+    with pytest.raises(ValueError, match="gamma"):
+        attention_head_grid(torch.eye(2)[None], gamma=0)
+
+
 # ---------------------------------------------------------------- the page
 
 
@@ -266,7 +297,8 @@ def _cli(args: list[str]) -> int:
 
 def test_cli_example_writes_a_report(tmp_path, capsys):
     out = tmp_path / "journey.html"
-    assert _cli(["report", "--example", "journey", "--out", str(out)]) == 0
+    assert _cli(["report", "--example", "journey", "--out", str(out), "--png", str(tmp_path / "j.png")]) == 0
+    assert (tmp_path / "j.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     p = payload_of(out.read_text(encoding="utf-8"))
     w = decode_array(p["exact"]["0.0"]["weights"])
     assert w.tobytes() == load_example("journey").steps.weights.numpy().tobytes()

@@ -113,3 +113,105 @@ def attention_heatmap(
     bar = fig.colorbar(image, ax=ax, shrink=0.85)
     bar.set_label("attention weight")
     return fig
+
+
+# ---------------------------------------------------------------- head grids (the HTML report's static twin)
+
+__all__ += ["attention_head_grid"]
+
+
+def attention_head_grid(
+    weights: torch.Tensor,
+    title: str = "",
+    gamma: float = 0.5,
+    cell_inches: float = 0.9,
+) -> Figure:
+    """Every head at once: a grid of small heatmaps, one row per layer, one column per head.
+
+    Colours map the weight w through w**gamma (default √w, as the HTML report does) onto ``YlGnBu``
+    from 0 to 1, the same scale in every panel so heads can be compared; each panel's corner shows its
+    mean entropy in bits (see :func:`selfattention.report.head_statistics`).
+
+    Args:
+        weights: (L, H, T, T) or (H, T, T) attention weights (rows sum to 1), e.g.
+            ``ModelRun.attentions``.
+        title: figure title.
+        gamma: exponent of the colour scale (1 = linear); must be > 0.
+        cell_inches: size of one panel.
+
+    Returns:
+        A new ``matplotlib.figure.Figure`` (Agg canvas) with L·H panels and a colour bar.
+
+    Raises:
+        ValueError: wrong rank, non-square panels, NaN, or ``gamma`` <= 0.
+
+    >>> w = torch.softmax(torch.randn(2, 3, 5, 5), dim=-1)
+    >>> fig = attention_head_grid(w, title="2 layers × 3 heads")
+    >>> len(fig.axes)                                   # 6 panels and the colour bar
+    7
+    """
+    from matplotlib.colors import PowerNorm
+
+    from .report import head_statistics
+
+    w = torch.as_tensor(weights).detach().to("cpu", torch.float64)
+    if w.dim() == 3:
+        w = w[None]
+    if w.dim() != 4 or w.shape[-1] != w.shape[-2] or w.shape[-1] == 0:
+        raise ValueError(
+            f"weights must be (L, H, T, T) or (H, T, T) with T >= 1, got shape {tuple(weights.shape)}"
+        )
+    if bool(torch.isnan(w).any()):
+        raise ValueError("weights contain NaN")
+    if not gamma > 0:
+        raise ValueError(f"gamma must be > 0, got {gamma}")
+    n_layers, n_heads, t, _ = w.shape
+    entropy = head_statistics(w)["entropy"]
+    fig = Figure(
+        figsize=(0.6 + cell_inches * n_heads + 0.8, 0.6 + cell_inches * n_layers + (0.4 if title else 0))
+    )
+    grid = fig.add_gridspec(
+        n_layers, n_heads + 1, width_ratios=[1] * n_heads + [0.12], wspace=0.08, hspace=0.08
+    )
+    norm = PowerNorm(gamma=gamma, vmin=0.0, vmax=1.0)
+    image = None
+    for la in range(n_layers):
+        for h in range(n_heads):
+            ax = fig.add_subplot(grid[la, h])
+            image = ax.imshow(
+                w[la, h].numpy(), cmap="YlGnBu", norm=norm, interpolation="nearest", aspect="equal"
+            )
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for side in ax.spines.values():
+                side.set_linewidth(0.4)
+                side.set_color("#b0b7c3")
+            ax.text(
+                0.97,
+                0.04,
+                f"{float(entropy[la, h]):.1f}",
+                transform=ax.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize=6,
+                color="#344054",
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.8},
+            )
+            if la == 0:
+                ax.set_title(f"H{h}", fontsize=8, pad=3)
+            if h == 0:
+                ax.set_ylabel(f"L{la}", fontsize=8, rotation=0, labelpad=12, va="center")
+    bar = fig.colorbar(image, cax=fig.add_subplot(grid[:, n_heads]))
+    scale = "√w" if gamma == 0.5 else f"w^{gamma:g}"
+    bar.set_label(f"attention weight (colour ∝ {scale}); corner: mean entropy, bits", fontsize=7)
+    bar.ax.tick_params(labelsize=6)
+    top = 1 - 0.55 / fig.get_figheight()
+    fig.subplots_adjust(
+        left=0.55 / fig.get_figwidth(),
+        right=1 - 0.5 / fig.get_figwidth(),
+        bottom=0.15 / fig.get_figheight(),
+        top=top,
+    )
+    if title:
+        fig.suptitle(title, fontsize=10, y=1 - 0.12 / fig.get_figheight())
+    return fig

@@ -53,6 +53,11 @@ def register(app: typer.Typer) -> None:
         max_length: int = typer.Option(
             512, "--max-length", help="Cut the text to this many tokens (2..512)."
         ),
+        png: Path | None = typer.Option(
+            None,
+            "--png",
+            help="Also save a static PNG (matplotlib): every head as a grid, or the example's heatmap.",
+        ),
         exact_mb: float = typer.Option(
             8.0, "--exact-mb", help="Megabytes allowed for exact per-head traces (the rest: 8-bit colours)."
         ),
@@ -142,6 +147,15 @@ def register(app: typer.Typer) -> None:
             what += f", {n_layers} layers × {n_heads} heads, opens on layer {lh['layer']} · head {lh['head']}"
         if example is not None:
             size = write_report(payload, out)
+        if png is not None:
+            from .. import viz
+
+            if example is not None:
+                fig = viz.attention_heatmap(ex.steps.weights, ex.tokens, ex.tokens, title=ex.title)
+            else:
+                fig = viz.attention_head_grid(run.attentions, title=payload["title"])
+            fig.savefig(png, dpi=120)
+            console.print(f"[green]wrote[/green] {png}")
         seconds = time.perf_counter() - start
         console.print(f"[green]wrote[/green] {out} ({_human(size)}, {seconds:.1f} s): {what}")
         console.print(f"[dim]open it in any browser: file://{out.resolve()}[/dim]", highlight=False)
