@@ -19,6 +19,8 @@ COMMAND_MODULES = [
     "check",
     "explain",
     "report",
+    "generate",
+    "train",
 ]
 
 app = typer.Typer(
