@@ -1,0 +1,149 @@
+"""Lesson ``polysemy`` (lecture 003, 定性验证): one static embedding, different contextual vectors.
+
+"apple" in three English sentences (all-MiniLM-L6-v2 is an uncased English model, so "Apple" and "apple"
+are the same token): its row of the word-embedding table is identical, its vector after each layer is
+not. Measured: cosine similarity of the three "apple" vectors per layer, and whether the two fruit
+sentences end up closer to each other than to the company sentence. Also how the attention row of
+"apple" differs between sentences (the mixing weights are computed from the sentence, not stored).
+
+The lecture's own pair (“苹果公司发布了新款” / “他咬了一口苹果”) cannot go through MiniLM: its WordPiece
+vocabulary has no 苹 or 果, so 苹果 becomes [UNK] [UNK]; the lesson prints the tokenizer's output to
+show it. No Chinese-capable model ships its weights in a PyPI package in this environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
+
+LESSON = Lesson(
+    name="polysemy",
+    lecture="003",
+    section="定性验证：一词多义问题解决了吗",
+    claim_zh="两句话里“苹果”查表查出来的初始向量完全相同，但自注意力算出来的最终表示完全不同",
+    claim_en="The same word has one static embedding but different contextual vectors in different "
+    "sentences, because the mixing weights are computed from the sentence (company vs fruit sense).",
+    kind="measured",
+    module="polysemy",
+    needs_model=True,
+)
+
+SENTENCES = (
+    "Apple released a new phone.",
+    "He took a bite of the apple.",
+    "She ate an apple for lunch.",
+)
+CHINESE = ("苹果公司发布了新款", "他咬了一口苹果")
+WORD = "apple"
+
+
+def verdict(m: dict[str, Any]) -> Verdict:
+    """Pure: ``static_cos`` (word-embedding rows), ``last_cos`` = {"12", "13", "23"} cosines after the
+    last layer (1 = company sentence, 2 and 3 = fruit sentences)."""
+    if m["static_cos"] < 1 - 1e-6:
+        return Verdict(FAILS, f"the static embeddings differ (cos {m['static_cos']:.4f})")
+    last = m["last_cos"]
+    if max(last.values()) > 0.99:
+        return Verdict(
+            FAILS, f"the contextual vectors are nearly identical (cos up to {max(last.values()):.3f})"
+        )
+    by_sense = last["23"] > max(last["12"], last["13"])
+    if by_sense:
+        return Verdict(
+            HOLDS,
+            f"static cos = {m['static_cos']:.3f}; last layer cos fruit–fruit {last['23']:.3f} > "
+            f"company–fruit {last['12']:.3f}, {last['13']:.3f}",
+        )
+    return Verdict(
+        ONLY_WHEN,
+        f"vectors differ (cos {last['12']:.3f}, {last['13']:.3f}, {last['23']:.3f}) but not grouped by sense",
+        condition="'different' is enough: the vectors differ but do not group by sense",
+    )
+
+
+def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
+    from ..pretrained import load_model, run_text
+
+    model, tok = load_model()
+    runs = [run_text(s, compare=False) for s in SENTENCES]
+    idx = [r.tokens.index(WORD) for r in runs]
+    ids = [int(r.input_ids[0, i]) for r, i in zip(runs, idx, strict=True)]
+    emb = model.embeddings.word_embeddings.weight.detach()
+    static = [emb[i] for i in ids]
+    cos = torch.nn.functional.cosine_similarity
+    static_cos = min(cos(static[0], s, dim=0).item() for s in static[1:])
+    per_layer = []
+    n_layers = len(runs[0].hidden_states)
+    for layer in range(n_layers):
+        v = [r.hidden_states[layer][0, i] for r, i in zip(runs, idx, strict=True)]
+        per_layer.append(
+            {
+                "12": cos(v[0], v[1], dim=0).item(),
+                "13": cos(v[0], v[2], dim=0).item(),
+                "23": cos(v[1], v[2], dim=0).item(),
+            }
+        )
+    m: dict[str, Any] = {
+        "token_ids": ids,
+        "static_cos": static_cos,
+        "per_layer": per_layer,
+        "last_cos": per_layer[-1],
+    }
+    table = ResultTable(
+        f"cosine of the {WORD!r} vectors: 1 = {SENTENCES[0]!r}, 2 = {SENTENCES[1]!r}, 3 = {SENTENCES[2]!r}",
+        ["layer", "cos(1, 2)", "cos(1, 3)", "cos(2, 3)"],
+        [["static word embedding", f"{static_cos:.4f}", f"{static_cos:.4f}", f"{static_cos:.4f}"]]
+        + [
+            [
+                ("0 (embeddings + position)" if k == 0 else str(k)),
+                f"{c['12']:.4f}",
+                f"{c['13']:.4f}",
+                f"{c['23']:.4f}",
+            ]
+            for k, c in enumerate(per_layer)
+        ],
+    )
+    top = []
+    for r, i in zip(runs, idx, strict=True):
+        row = r.attentions[:, :, i, :].mean(dim=(0, 1))  # mean over layers and heads, (T,)
+        best = row.argsort(descending=True)[:3].tolist()
+        top.append([r.text, ", ".join(f"{r.tokens[j]} {row[j]:.2f}" for j in best)])
+    zh = [[s, " ".join(tok.tokenize(s))] for s in CHINESE]
+    m["chinese_tokens"] = [row[1] for row in zh]
+    tables = [
+        table,
+        ResultTable(
+            f"where {WORD!r} looks (weights averaged over 6 layers × 12 heads, top 3)",
+            ["sentence", "keys"],
+            top,
+        ),
+        ResultTable("the lecture's Chinese pair through MiniLM's tokenizer", ["text", "tokens"], zh),
+    ]
+    figures = []
+    if out_dir is not None:
+        from ._base import new_figure, save_figure
+
+        fig, ax = new_figure()
+        layers = list(range(n_layers))
+        for key, label in (
+            ("12", "company vs fruit (1,2)"),
+            ("13", "company vs fruit (1,3)"),
+            ("23", "fruit vs fruit (2,3)"),
+        ):
+            ax.plot(layers, [c[key] for c in per_layer], "o-", label=label)
+        ax.set_xlabel("layer (0 = embeddings incl. position)")
+        ax.set_ylabel(f"cosine of the {WORD!r} vectors")
+        ax.set_title("lecture 003: one static embedding, different contextual vectors")
+        ax.legend()
+        figures.append(save_figure(fig, out_dir, LESSON.name))
+    notes = [
+        "Layer 0 already differs because the position embedding is added before the first layer; the "
+        "static word-embedding rows themselves are identical (same token id).",
+        f"The lecture's 苹果 pair: MiniLM tokenizes 苹果 as [UNK] [UNK] ({m['chinese_tokens'][1]}), so it "
+        "cannot be measured with this model; no Chinese-capable model's weights ship in a PyPI package here.",
+    ]
+    return LessonResult(LESSON, m, verdict(m), tables=tables, figures=figures, notes=notes)
