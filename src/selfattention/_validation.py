@@ -18,6 +18,7 @@ __all__ = [
     "resolve_scale",
     "check_dropout",
     "check_positive_int",
+    "check_bool",
     "FloatMaskWarning",
 ]
 
@@ -56,6 +57,7 @@ def check_qkv(
     _check_tensor("query", query)
     _check_tensor("key", key)
     _check_tensor("value", value)
+    check_bool("enable_gqa", enable_gqa)
     if not (query.dtype == key.dtype == value.dtype):
         raise TypeError(
             "query, key and value must have the same dtype, got "
@@ -178,6 +180,13 @@ def check_dropout(dropout_p: float) -> float:
     if not (0.0 <= dropout_p < 1.0):
         raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     return float(dropout_p)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` must be a real ``bool`` (not 1, not a tensor): flags like ``is_causal`` change the math."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
 
 
 def check_positive_int(name: str, value: object) -> int:

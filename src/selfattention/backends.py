@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from . import functional as F
-from ._validation import check_dropout, check_mask, check_qkv, resolve_scale
+from ._validation import check_bool, check_dropout, check_mask, check_qkv, resolve_scale
 
 __all__ = ["register_backend", "get_backend", "available_backends", "torch_sdpa"]
 
@@ -108,7 +108,10 @@ def torch_sdpa(
     batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)
     check_mask(attn_mask, batch, q_len, k_len, query.device)
     query_in, key_in, value_in = query, key, value
-    dropout_p = check_dropout(dropout_p) if training else 0.0
+    dropout_p = check_dropout(dropout_p)  # checked even when not training: a bad value is a bug either way
+    if not training:
+        dropout_p = 0.0
+    check_bool("is_causal", is_causal)
     scale = resolve_scale(scale, query.shape[-1])
     if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
         group = query.shape[-3] // key.shape[-3]
