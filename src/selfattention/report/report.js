@@ -265,14 +265,15 @@
     const family = getComputedStyle(document.body).fontFamily;
     ctx.fillStyle = "#475467";
     ctx.font = fontPx + "px " + family;
-    if (geo.cell >= 30) {
+    if (geo.cell >= 40) {
       // big cells: write each weight in its cell
       ctx.textAlign = "center"; ctx.textBaseline = "middle";
-      ctx.font = "600 " + Math.min(15, Math.floor(geo.cell / 4.2)) + "px " + family;
+      ctx.font = "600 " + Math.max(10, Math.min(15, Math.floor(geo.cell / 4.5))) + "px " + family;
+      const digits = geo.cell >= 64 ? 4 : 2;
       for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) {
         const v = w[i * T + j], ci = colourIndex(v, rm[i]);
         ctx.fillStyle = ci > 150 ? "#ffffff" : "#1b1f2a";
-        ctx.fillText(exact[key(S.layer, S.head)] ? v.toFixed(4) : "≈" + v.toFixed(3), geo.left + (j + 0.5) * geo.cell, geo.top + (i + 0.5) * geo.cell);
+        ctx.fillText((exact[key(S.layer, S.head)] ? "" : "≈") + v.toFixed(digits), geo.left + (j + 0.5) * geo.cell, geo.top + (i + 0.5) * geo.cell);
       }
       ctx.fillStyle = "#475467";
       ctx.font = fontPx + "px " + family;
@@ -286,7 +287,8 @@
       ctx.save();
       for (let j = 0; j < T; j++) {
         ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-        if (widest <= geo.cell - 6) {
+        geo.horizontal = widest <= geo.cell - 6;
+        if (geo.horizontal) {
           ctx.textAlign = "center"; ctx.textBaseline = "bottom";
           ctx.fillText(D.tokens[j], geo.left + (j + 0.5) * geo.cell, geo.top - 6);
         } else {
@@ -335,10 +337,33 @@
     const colBox = () => ctx.strokeRect(cl - pad, y0 - pad, band + 2 * pad, n + 2 * pad);
     if (S.dir === "out") { rowBox(); ctx.setLineDash([4, 3]); colBox(); } else { colBox(); ctx.setLineDash([4, 3]); rowBox(); }
     ctx.setLineDash([]);
-    // markers in the margins
-    ctx.fillStyle = "#e8572a";
-    ctx.beginPath(); ctx.moveTo(x0 - 3, y0 + (s + 0.5) * cs); ctx.lineTo(x0 - 10, y0 + (s + 0.5) * cs - 5); ctx.lineTo(x0 - 10, y0 + (s + 0.5) * cs + 5); ctx.fill();
-    ctx.beginPath(); ctx.moveTo(x0 + (s + 0.5) * cs, y0 - 3); ctx.lineTo(x0 + (s + 0.5) * cs - 5, y0 - 10); ctx.lineTo(x0 + (s + 0.5) * cs + 5, y0 - 10); ctx.fill();
+    if (g.labels) {
+      // the selected token's two axis labels, in the accent colour
+      const fam = getComputedStyle(document.body).fontFamily, fontPx = Math.max(11, Math.min(14, Math.floor(cs * 0.4)));
+      ctx.font = "700 " + fontPx + "px " + fam;
+      const label = D.tokens[s], tw = ctx.measureText(label).width;
+      ctx.fillStyle = "#fff";
+      ctx.fillRect(x0 - 8 - tw - 3, y0 + (s + 0.5) * cs - fontPx / 2 - 3, tw + 6, fontPx + 6);
+      ctx.fillStyle = "#e8572a"; ctx.textAlign = "right"; ctx.textBaseline = "middle";
+      ctx.fillText(label, x0 - 6, y0 + (s + 0.5) * cs);
+      ctx.save();
+      ctx.translate(x0 + (s + 0.5) * cs, y0 - 6);
+      if (g.horizontal) {
+        ctx.fillStyle = "#fff"; ctx.fillRect(-tw / 2 - 3, -fontPx - 3, tw + 6, fontPx + 5);
+        ctx.fillStyle = "#e8572a"; ctx.textAlign = "center"; ctx.textBaseline = "bottom"; ctx.fillText(label, 0, 0);
+      } else {
+        ctx.rotate(-Math.PI / 2);
+        ctx.fillStyle = "#fff"; ctx.fillRect(-3, -fontPx / 2 - 3, tw + 6, fontPx + 6);
+        ctx.fillStyle = "#e8572a"; ctx.textAlign = "left"; ctx.textBaseline = "middle"; ctx.fillText(label, 0, 0);
+      }
+      ctx.restore();
+    } else {
+      // triangles in the margins point at the selected row and column
+      ctx.fillStyle = "#e8572a";
+      const yc = y0 + (s + 0.5) * cs, xc = x0 + (s + 0.5) * cs;
+      ctx.beginPath(); ctx.moveTo(x0 - 3, yc); ctx.lineTo(x0 - 10, yc - 5); ctx.lineTo(x0 - 10, yc + 5); ctx.fill();
+      ctx.beginPath(); ctx.moveTo(xc, y0 - 3); ctx.lineTo(xc - 5, y0 - 10); ctx.lineTo(xc + 5, y0 - 10); ctx.fill();
+    }
     if (S.hover) {
       const [i, j] = S.hover;
       ctx.lineWidth = 1.5; ctx.strokeStyle = "#101828";
