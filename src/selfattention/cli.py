@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "report",
     "generate",
     "train",
+    "lesson",
 ]
 
 app = typer.Typer(
