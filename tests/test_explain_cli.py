@@ -206,3 +206,19 @@ def test_heatmap_saves_png(tmp_path):
 def test_heatmap_bad_input(weights, rows, cols, message):
     with pytest.raises(ValueError, match=message):
         attention_heatmap(weights, rows, cols)
+
+
+@model_test
+def test_the_help_and_readme_claims_about_the_default_head_hold(default_run):
+    """The numbers quoted in --help and the README come from the real model."""
+    toks = default_run.tokens
+    w = default_run.weights(explain_cmd.DEFAULT_LAYER, explain_cmd.DEFAULT_HEAD)
+    it, animal, cross, street = (toks.index(t) for t in ("it", "animal", "cross", "street"))
+    assert round(float(w[it, animal]), 2) == 0.68 and int(w[it].argmax()) == animal
+    assert round(float(w[cross, street]), 2) == 0.60 and round(float(w[1, animal]), 2) == 0.52
+    wide = pretrained.run_text(explain_cmd.DEFAULT_TEXT.replace("tired", "wide"), compare=False)
+    w_wide = wide.weights(explain_cmd.DEFAULT_LAYER, explain_cmd.DEFAULT_HEAD)
+    assert round(float(w_wide[it, animal]), 2) == 0.28
+    prev = default_run.weights(0, 2)
+    T = len(toks)
+    assert all(float(prev[i, i - 1]) > 0.99 for i in range(2, T))

@@ -25,18 +25,20 @@ TOLERANCE = 1e-5
 MAX_ROWS = 40
 """At most this many query rows in the tables (the heatmap from --out always has every token)."""
 
-_HELP = f"""Run all-MiniLM-L6-v2 on TEXT with this library's attention doing every attention computation,
-and show one head: its weight table over the real tokens, each token's most-attended tokens, and the
-largest difference between our attention and the model's own (transformers eager) attention, which must
-be <= {TOLERANCE:g} in float32.
-
-Layers (0-5) and heads (0-11) are numbered from 0. Without TEXT, the built-in sentence
-"{DEFAULT_TEXT}" is used. The defaults, layer {DEFAULT_LAYER} head {DEFAULT_HEAD}, were chosen by
-looking at the real weights of every head on it: there "it" puts 0.68 of its weight on "animal"
-(and "cross" 0.60 on "street", "the" 0.52 on "animal"), a pronoun-to-noun pattern. It is a pattern, not
-proof of understanding: with "...because it was too wide" the same head gives "animal" only 0.28.
-For a clean positional head try --layer 0 --head 2: every token puts ~1.0 on the token before it.
-"""
+_HELP = "\n\n".join(
+    [
+        "Run all-MiniLM-L6-v2 on TEXT with this library's attention doing every attention computation, "
+        "and show one head: its weight table over the real tokens, each token's most-attended tokens, and "
+        "the largest difference between our attention and the model's own (transformers eager) attention, "
+        f"which must be <= {TOLERANCE:g} in float32 (exit code 1 otherwise).",
+        f'Layers (0-5) and heads (0-11) count from 0. Without TEXT the built-in sentence "{DEFAULT_TEXT}" '
+        f"is used. The defaults, layer {DEFAULT_LAYER} head {DEFAULT_HEAD}, were chosen by looking at the "
+        'real weights of every head on it: there "it" puts 0.68 of its weight on "animal" (and "cross" '
+        '0.60 on "street", "the" 0.52 on "animal"), a pronoun-to-noun pattern. A pattern, not proof of '
+        'understanding: with "...because it was too wide" the same head gives "animal" only 0.28.',
+        "For a clean positional head try --layer 0 --head 2: every token puts ~1.00 on the token before it.",
+    ]
+)
 
 
 def _fmt_tokens(tokens: list[str]) -> list[str]:
