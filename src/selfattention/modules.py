@@ -2,6 +2,8 @@
 
 * :class:`SimpleSelfAttention` — lecture 000's parameter-free Z = softmax(X Xᵀ) X.
 * :class:`SelfAttention` — lecture 003's single head with learnable W_query, W_key, W_value.
+* :class:`selfattention.mha.MultiHeadAttention` (in ``mha.py``) — H heads, grouped-query K/V heads, an
+  output projection, padding masks and a :class:`selfattention.kv_cache.KVCache`.
 """
 
 from __future__ import annotations
