@@ -125,7 +125,9 @@ def quantise_weights(weights: torch.Tensor) -> np.ndarray:
     >>> quantise_weights(torch.tensor([0.0, 0.25, 1.0])).tolist()
     [0, 128, 255]
     """
-    w = weights.detach().to("cpu", torch.float64).clamp(0.0, 1.0).nan_to_num(0.0)
+    w = weights.detach().cpu()
+    w = w.double() if w.dtype == torch.float64 else w.float()  # float32 data: quantise in float32
+    w = w.nan_to_num(0.0).clamp(0.0, 1.0)
     return torch.round(255.0 * w.sqrt()).to(torch.uint8).numpy()
 
 
@@ -147,9 +149,9 @@ def head_statistics(weights: torch.Tensor) -> dict[str, torch.Tensor]:
     w = torch.as_tensor(weights).detach().to("cpu", torch.float64)
     if w.dim() < 2 or w.shape[-1] != w.shape[-2] or w.shape[-1] == 0:
         raise ValueError(f"weights must be (..., T, T) with T >= 1, got shape {tuple(w.shape)}")
-    plogp = torch.where(w > 0, w * torch.log2(w.clamp_min(1e-300)), torch.zeros_like(w))
+    nats = -torch.special.xlogy(w, w).sum(-1)  # xlogy(0, 0) = 0: a zero weight adds nothing
     return {
-        "entropy": (-plogp.sum(-1)).mean(-1),
+        "entropy": (nats / math.log(2.0)).mean(-1),
         "self": w.diagonal(dim1=-2, dim2=-1).mean(-1),
         "first": w[..., :, 0].mean(-1),
         "last": w[..., :, -1].mean(-1),
@@ -198,9 +200,11 @@ def _payload(
     notes: list[str],
     facts: list[tuple[str, str]],
     exact_note: str,
+    stats: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     n_layers, n_heads, t, _ = weights.shape
-    stats = head_statistics(weights)
+    if stats is None:
+        stats = head_statistics(weights)
     return {
         "format": _FORMAT_VERSION,
         "title": title,
@@ -291,18 +295,17 @@ def example_report(example: Any) -> dict[str, Any]:
     )
 
 
-def _default_head(weights: torch.Tensor) -> tuple[int, int]:
+def _default_head(s: dict[str, torch.Tensor], n_heads: int) -> tuple[int, int]:
     """A head worth opening on: the most focused (lowest mean entropy) among heads that put less than
     half their weight on the first and last token and are not one-token pointers (entropy ≥ 1 bit);
     without such a head, the one with the least weight on the first and last token."""
-    s = head_statistics(weights)
     sink = s["first"] + s["last"]
     ok = (sink < 0.5) & (s["entropy"] >= 1.0)
     if bool(ok.any()):
         idx = int(torch.argmin(torch.where(ok, s["entropy"], torch.full_like(sink, math.inf)).flatten()))
     else:
         idx = int(torch.argmin(sink.flatten()))
-    return divmod(idx, weights.shape[1])
+    return divmod(idx, n_heads)
 
 
 def model_report(
@@ -349,8 +352,10 @@ def model_report(
         raise ValueError(
             f"run.queries must be (L, H, T, D) = ({n_layers}, {n_heads}, {t}, D), got {tuple(q.shape)}"
         )
+    say("per-head statistics")
+    stats = head_statistics(w)
     if head is None:
-        head = _default_head(w)
+        head = _default_head(stats, n_heads)
     layer0, head0 = head
     if not (0 <= layer0 < n_layers and 0 <= head0 < n_heads):
         raise ValueError(f"head must be (layer, head) in 0..{n_layers - 1}, 0..{n_heads - 1}, got {head}")
@@ -422,6 +427,7 @@ def model_report(
         notes=notes,
         facts=facts,
         exact_note=exact_note,
+        stats=stats,
     )
 
 
