@@ -157,7 +157,7 @@ def _make_blocks(
 def _fit(m: torch.Tensor, plan: _Plan, bq: int, w: int) -> torch.Tensor:
     """A mask block (*lead, bq, w) broadcastable to (*batch, bq, w) → broadcastable to (N, G, bq, w)."""
     if m.dim() <= 2 or math.prod(m.shape[:-2]) == 1:
-        return m.reshape(bq, w)
+        return m.reshape(m.shape[-2:]) if m.dim() >= 2 else m  # broadcasts against (N, G, bq, w)
     return m.expand(*plan.batch, bq, w).reshape(plan.n, plan.g, bq, w)
 
 
@@ -660,14 +660,16 @@ def _prepare(
         # grouped-query layout without repeating K/V: (*lead, Hkv, G, Tq, D)
         g = hq // hk
         lead = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])
-        q4 = q.expand(*lead, hq, q_len, q.shape[-1]).reshape(-1, g, q_len, q.shape[-1])
-        k3 = k.expand(*lead, hk, k_len, k.shape[-1]).reshape(-1, k_len, k.shape[-1])
-        v3 = v.expand(*lead, hk, k_len, v.shape[-1]).reshape(-1, k_len, v.shape[-1])
+        n = math.prod(lead) * hk
+        q4 = q.expand(*lead, hq, q_len, q.shape[-1]).reshape(n, g, q_len, q.shape[-1])
+        k3 = k.expand(*lead, hk, k_len, k.shape[-1]).reshape(n, k_len, k.shape[-1])
+        v3 = v.expand(*lead, hk, k_len, v.shape[-1]).reshape(n, k_len, v.shape[-1])
     else:
         g = 1
-        q4 = q.expand(*batch, q_len, q.shape[-1]).reshape(-1, 1, q_len, q.shape[-1])
-        k3 = k.expand(*batch, k_len, k.shape[-1]).reshape(-1, k_len, k.shape[-1])
-        v3 = v.expand(*batch, k_len, v.shape[-1]).reshape(-1, k_len, v.shape[-1])
+        n = math.prod(batch)
+        q4 = q.expand(*batch, q_len, q.shape[-1]).reshape(n, 1, q_len, q.shape[-1])
+        k3 = k.expand(*batch, k_len, k.shape[-1]).reshape(n, k_len, k.shape[-1])
+        v3 = v.expand(*batch, k_len, v.shape[-1]).reshape(n, k_len, v.shape[-1])
     seed = 0
     if dropout_p > 0.0:
         if dropout_seed is None:
@@ -690,9 +692,7 @@ def _prepare(
         dropout_p=dropout_p,
         seed=seed,
     )
-    plan.blocks = _make_blocks(
-        q_len, k_len, bq, bk, is_causal, window, q_doc, k_doc, attn_mask is not None
-    )
+    plan.blocks = _make_blocks(q_len, k_len, bq, bk, is_causal, window, q_doc, k_doc, attn_mask is not None)
     if attn_mask is not None:
         plan.blocks = _skip_masked(plan, attn_mask)
     return plan, q4, k3, v3, batch, unbatched
