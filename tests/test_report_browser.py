@@ -188,6 +188,13 @@ def test_clicking_a_token_moves_the_highlight(open_page, reports):
     np.testing.assert_allclose(shades, (col / col.max()).numpy(), atol=1e-4)
     # the trace follows: its highlighted row is key 10 of query 10
     assert pg.page.locator("#trace tr.sel").first.get_attribute("data-key") == "10"
+    # clicking a heatmap cell selects its query token; the arrow keys step through tokens
+    pg.page.locator("#overlay").scroll_into_view_if_needed()
+    pg.page.mouse.click(*pg.cell_point(14, 3))
+    assert pg.state()["token"] == "14"
+    pg.page.keyboard.press("ArrowRight")
+    assert pg.state()["token"] == "15"
+    assert pg.overlay_alpha(15, 2) == 0 and pg.overlay_alpha(14, 2) > 0
     pg.assert_clean()
 
 

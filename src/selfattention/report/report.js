@@ -427,7 +427,7 @@
         ticks.append(el("span", { style: `left:${(pos * 100).toFixed(2)}%`, text: String(v) }));
       }
     } else {
-      ticks.append(el("span", { style: "left:3%", text: "0" }), el("span", { style: "left:90%", text: "row's largest" }));
+      ticks.append(el("span", { style: "left:0;transform:none", text: "0" }), el("span", { style: "left:auto;right:0;transform:none", text: "each row's largest weight" }));
     }
   }
 
@@ -576,6 +576,11 @@
   function selectToken(i) {
     S.token = Math.max(0, Math.min(T - 1, i));
     shadeTokens(); drawOverlay(); renderTrace(); publish();
+    // keep the selected token visible inside the (scrolling) token box, without scrolling the page
+    const box = $("tokens"), span = tokenSpans[S.token];
+    if (span.offsetTop < box.scrollTop || span.offsetTop + span.offsetHeight > box.scrollTop + box.clientHeight) {
+      box.scrollTop = span.offsetTop - box.clientHeight / 2;
+    }
   }
   function selectHead(l, h) {
     S.layer = l; S.head = h;
