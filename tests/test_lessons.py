@@ -14,8 +14,11 @@ from selfattention.lessons import (
     FAILS,
     HOLDS,
     ONLY_WHEN,
+    distance_one_hop,
+    kv_reuse,
     limitations_training,
     n_squared,
+    no_locality_prior,
     polysemy,
     set_operation,
     similar_attend,
@@ -24,6 +27,8 @@ from selfattention.lessons import (
     symmetric_scores,
     three_steps,
     value_scaling,
+    weights_distribution,
+    weights_not_explanation,
     why_scale,
 )
 
@@ -244,11 +249,10 @@ def test_cli_lesson_list(capsys):
         assert lesson.name[:20] in out.replace("\n", "") or lesson.name.split("-")[0] in out
 
 
-def test_cli_lesson_run_writes_figure(tmp_path, capsys):
-    assert main(["lesson", "run", "why-scale-by-sqrt-dk", "--out", str(tmp_path)]) == 0
+def test_cli_lesson_run(tmp_path, capsys):
+    assert main(["lesson", "run", "single-token", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "verdict" in out and "holds" in out
-    assert (tmp_path / "why-scale-by-sqrt-dk.png").exists()
+    assert "verdict" in out and "holds" in out and "思考题 4" in out
 
 
 def test_cli_lesson_run_errors(capsys):
@@ -275,3 +279,54 @@ def test_polysemy_on_minilm_and_chinese_is_unk():
     assert r.measurements["static_cos"] == pytest.approx(1.0)
     assert "[UNK]" in r.measurements["chinese_tokens"][1]
     assert max(r.measurements["last_cos"].values()) < 0.99
+
+
+# ---------------------------------------------------------------- the remaining claims
+
+
+def test_distance_one_hop_verdict_and_run():
+    assert (
+        distance_one_hop.verdict({"attention_far_over_near": 1.0, "rnn_far_over_near": 1e-9}).status == HOLDS
+    )
+    assert (
+        distance_one_hop.verdict({"attention_far_over_near": 1e-3, "rnn_far_over_near": 1e-9}).status == FAILS
+    )
+    r = distance_one_hop.run(T=24, d=8, seeds=2)
+    assert r.measurements["attention_far_over_near"] > 0.2 > r.measurements["rnn_far_over_near"]
+
+
+def test_weights_distribution_verdict_and_run():
+    ok = {"min_weight": 0.0, "max_sum_error": 1e-7, "finite": True, "rows": 10}
+    assert weights_distribution.verdict(ok).status == HOLDS
+    assert weights_distribution.verdict({**ok, "min_weight": -0.1}).status == FAILS
+    assert weights_distribution.verdict({**ok, "max_sum_error": 0.01}).status == FAILS
+    assert weights_distribution.verdict({**ok, "finite": False}).status == FAILS
+    assert weights_distribution.run(use_model=False).verdict.status == HOLDS
+
+
+def test_no_locality_prior_verdict_and_run():
+    assert no_locality_prior.verdict({"weight_spread": 0.0, "distances": 5}).status == HOLDS
+    assert no_locality_prior.verdict({"weight_spread": 0.01, "distances": 5}).status == FAILS
+    r = no_locality_prior.run(T=9, d=5, use_model=False)
+    assert r.measurements["weight_spread"] <= 1e-12
+
+
+def test_kv_reuse_verdict_and_run():
+    ok = {"causal_prefix_change": 0.0, "cached_output_error": 1e-16, "bidirectional_prefix_change": 0.1}
+    assert kv_reuse.verdict(ok).status == ONLY_WHEN
+    assert kv_reuse.verdict({**ok, "causal_prefix_change": 0.1}).status == FAILS
+    assert kv_reuse.verdict({**ok, "cached_output_error": 0.1}).status == FAILS
+    assert kv_reuse.verdict({**ok, "bidirectional_prefix_change": 0.0}).status == HOLDS
+    r = kv_reuse.run(T=7, d=5, use_model=False)
+    assert r.verdict.status == ONLY_WHEN
+
+
+def test_weights_not_explanation_verdict():
+    assert (
+        weights_not_explanation.verdict({"weight_share": [0.6, 0.4], "norm_share": [0.2, 0.3]}).status
+        == HOLDS
+    )
+    assert (
+        weights_not_explanation.verdict({"weight_share": [0.3, 0.4], "norm_share": [0.3, 0.38]}).status
+        == FAILS
+    )

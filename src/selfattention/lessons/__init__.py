@@ -49,12 +49,18 @@ MODULES = (
     "similar_attend",
     "symmetric_scores",
     "limitations_training",
+    "distance_one_hop",
+    "similarity_heads",
+    "weights_distribution",
     "value_scaling",
     "why_scale",
     "set_operation",
     "single_token",
     "polysemy",
     "n_squared",
+    "no_locality_prior",
+    "kv_reuse",
+    "weights_not_explanation",
 )
 
 
