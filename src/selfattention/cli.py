@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "generate",
     "train",
     "lesson",
+    "bench",
 ]
 
 app = typer.Typer(
