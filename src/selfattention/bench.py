@@ -6,7 +6,7 @@ which reports one JSON line per measured case. Inside a child:
 * **memory** first: for each implementation, freed heap is returned to the OS (``malloc_trim``), the
   peak-RSS mark is reset (``/proc/self/clear_refs``), one call runs, and peak extra memory =
   VmHWM − VmRSS before the call (torch's allocations are invisible to tracemalloc);
-* **time** next: one warm-up call each, then ``repeats`` rounds that call every implementation in turn
+* **time** next (the memory call was the warm-up): ``repeats`` rounds that call every implementation in turn
   (interleaved, so a noisy neighbour slows them alike); the median is reported.
 
 GFLOP/s counts 4·T²·D·H per forward (two matmuls) times the visible fraction of the mask, and 3.5× that
@@ -50,7 +50,7 @@ class BenchConfig:
     reference_max_t: int = 4096  # the materialising reference beyond this: n² memory, skipped
     peak_size: int = 4096
     long_t: int | None = 65536  # the memory case: H = 1, forward + backward
-    long_impls: tuple[str, ...] = ("tiled", "sdpa")
+    long_impls: tuple[str, ...] = ("tiled",)
     block_q: int | None = None
     block_k: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -175,15 +175,13 @@ def _child(spec: dict) -> None:
                     out.backward(torch.ones_like(out))
                     q.grad = k.grad = v.grad = None
 
-            memory = {name: _peak_extra_mib(lambda fn=fn: call(fn)) for name, fn in impls.items()}
-            times: dict[str, list[float]] = {name: [] for name in impls}
-            for name, fn in impls.items():  # warm-up
+            memory, first = {}, {}
+            for name, fn in impls.items():  # the memory call doubles as the warm-up
                 t0 = time.perf_counter()
-                call(fn)
-                times[name].append(time.perf_counter() - t0)
-            repeats = spec["repeats"] if max(x[0] for x in times.values()) < 20 else 1
-            for name in impls:
-                times[name].clear()
+                memory[name] = _peak_extra_mib(lambda fn=fn: call(fn))
+                first[name] = time.perf_counter() - t0
+            times: dict[str, list[float]] = {name: [] for name in impls}
+            repeats = spec["repeats"] if max(first.values()) < 20 else 1
             for _ in range(repeats):
                 for name, fn in impls.items():
                     t0 = time.perf_counter()
@@ -241,7 +239,7 @@ def _specs(cfg: BenchConfig) -> list[dict]:
 
 
 def _count_cases(spec: dict, cfg: BenchConfig) -> int:
-    n_impl = 2 if spec.get("only") else (3 if spec["t"] <= cfg.reference_max_t else 2)
+    n_impl = len(spec["only"]) if spec.get("only") else (3 if spec["t"] <= cfg.reference_max_t else 2)
     return len(spec["variants"]) * len(spec["passes"]) * n_impl
 
 

@@ -233,7 +233,7 @@ def computed_fraction(
     >>> round(computed_fraction(4096, 4096, is_causal=True), 3)  # the triangle plus diagonal blocks
     0.531
     >>> round(computed_fraction(16384, 16384, window=512), 3)   # W = 512: about (512 + 256) / 16384
-    0.047
+    0.046
     """
     bq = block_q or DEFAULT_BLOCK_Q
     bk = block_k or DEFAULT_BLOCK_K
