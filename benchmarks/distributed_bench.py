@@ -88,6 +88,15 @@ def _ring_worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> No
     res: dict = {"rank": rank, "local_len": t}
     q, k, v = _inputs(cfg, t, t, seed=rank, grad=False)
     res["input_mib"] = sum(x.numel() * x.element_size() for x in (q, k, v)) / MiB
+    # memory first, on a fresh heap (the parent set MALLOC_MMAP_THRESHOLD_, so freed tensors leave RSS)
+    with torch.no_grad():
+        barrier()
+        res["fwd_peak_mib"], _ = _peak_extra(lambda: sd.ring_attention(q, k, v, **kw))
+    if cfg["backward"]:
+        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+        dout = torch.randn_like(q)
+        barrier()
+        res["fwdbwd_peak_mib"], _ = _peak_extra(lambda: sd.ring_attention(qg, kg, vg, **kw).backward(dout))
     for overlap in (True, False):
         tag = "overlap" if overlap else "no_overlap"
         with torch.no_grad():
@@ -120,14 +129,6 @@ def _ring_worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> No
             res[f"fwdbwd_s_{tag}"] = _median_time(fb, cfg["repeats"], barrier)
             res[f"fwdbwd_wait_s_{tag}"] = stats.wait_s / cfg["repeats"]
             res["fwdbwd_bytes"] = stats.bytes_sent // cfg["repeats"]
-    with torch.no_grad():
-        barrier()
-        res["fwd_peak_mib"], _ = _peak_extra(lambda: sd.ring_attention(q, k, v, **kw))
-    if cfg["backward"]:
-        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-        dout = torch.randn_like(q)
-        barrier()
-        res["fwdbwd_peak_mib"], _ = _peak_extra(lambda: sd.ring_attention(qg, kg, vg, **kw).backward(dout))
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(res, f)
     sd.dist.destroy_process_group()
@@ -149,16 +150,17 @@ def _single_worker(path: str, cfg: dict, outfile: str) -> None:
     t = cfg["seq_len"]
     q, k, v = _inputs(cfg, t, t, seed=0, grad=False)
     res: dict = {"path": path, "input_mib": sum(x.numel() * x.element_size() for x in (q, k, v)) / MiB}
+    qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
+    dout = torch.randn_like(q)
+    with torch.no_grad():
+        res["fwd_peak_mib"], _ = _peak_extra(lambda: fn(q, k, v))
+    if cfg["backward"]:
+        res["fwdbwd_peak_mib"], _ = _peak_extra(lambda: fn(qg, kg, vg).backward(dout))
     with torch.no_grad():
         fn(q, k, v)
         res["fwd_s_overlap"] = _median_time(lambda: fn(q, k, v), cfg["repeats"])
-        res["fwd_peak_mib"], _ = _peak_extra(lambda: fn(q, k, v))
     if cfg["backward"]:
-        qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
-        dout = torch.randn_like(q)
-        fn(qg, kg, vg).backward(dout)
         res["fwdbwd_s_overlap"] = _median_time(lambda: fn(qg, kg, vg).backward(dout), cfg["repeats"])
-        res["fwdbwd_peak_mib"], _ = _peak_extra(lambda: fn(qg, kg, vg).backward(dout))
     with open(outfile, "w") as f:
         json.dump(res, f)
 
@@ -209,10 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baselines", nargs="*", default=["reference", "tiled", "torch"])
     ap.add_argument("--json", help="write the raw numbers here")
     cfg = vars(ap.parse_args(argv))
+    # Large tensors get their own mmap and go back to the OS when freed, so that the peak resident
+    # memory of a call measures what it allocated (glibc otherwise keeps freed memory in its heap).
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(64 * 1024))
     json_path = cfg.pop("json")
 
-    singles = [_run_single(p, cfg) for p in cfg["baselines"]]
-    rings = {n: _run_ring(n, cfg) for n in cfg["world_sizes"]}
+    singles, rings = [], {}
+    for path in cfg["baselines"]:
+        print(f"single process: {path} …", file=sys.stderr, flush=True)
+        singles.append(_run_single(path, cfg))
+    for n in cfg["world_sizes"]:
+        print(f"ring on {n} process(es) …", file=sys.stderr, flush=True)
+        rings[n] = _run_ring(n, cfg)
 
     t, b, h, d = cfg["seq_len"], cfg["batch"], cfg["heads"], cfg["head_dim"]
     print(

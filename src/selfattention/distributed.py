@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from torch.autograd.function import once_differentiable
 
 from ._validation import check_positive_int, check_qkv, resolve_scale
 from .blocks import block_backward, block_forward, merge_partials
@@ -575,6 +576,7 @@ class _RingAttention(torch.autograd.Function):
         return out.flatten(-4, -3).to(query.dtype) if plan.gqa > 1 else out.to(query.dtype)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_out):
         query, key, value, out, lse = ctx.saved_tensors
         plan = ctx.plan
@@ -658,6 +660,8 @@ def ring_attention(
             "torch.distributed is not initialised: start with torchrun and call "
             "selfattention.distributed.init_distributed() (or torch.distributed.init_process_group) first"
         )
+    if group is not None and dist.get_rank(group) < 0:
+        raise ValueError("ring_attention: this process is not a member of the given group")
     batch, _, _ = check_qkv(query, key, value, enable_gqa=enable_gqa)
     _check_layout(layout)
     if not isinstance(is_causal, bool):
