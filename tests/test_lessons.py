@@ -223,7 +223,7 @@ def test_n_squared_memory_is_quadratic():
 
 
 def test_limitations_training_short_run_separates():
-    r = limitations_training.run(seeds=1, steps=80, batch=64)
+    r = limitations_training.run(seeds=1, steps=60, batch=64)
     acc = r.measurements["accuracy"]
     assert acc["Q/K/V"][0] > 0.9
     assert acc["parameter-free"][0] < 0.5

@@ -107,7 +107,10 @@ def run_lesson(
             console=console,
             transient=True,
         ) as progress:
-            result = lessons.run(n, out_dir=out, progress=progress)
+            try:
+                result = lessons.run(n, out_dir=out, progress=progress)
+            except ImportError as e:  # the model extra is missing
+                raise UsageError(f"lesson {n!r} needs the real model: {e}") from None
         _print_result(result)
         results.append(result)
     if len(results) > 1:
