@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "train",
     "lesson",
     "bench",
+    "fuzz",
 ]
 
 app = typer.Typer(

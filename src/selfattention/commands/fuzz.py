@@ -1,0 +1,47 @@
+"""``selfattention fuzz --seconds N``: throw good and bad input at every public function for N seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from . import UsageError, console
+
+
+def fuzz(
+    seconds: float = typer.Option(60.0, "--seconds", help="How long to fuzz, in seconds."),
+    minutes: float | None = typer.Option(
+        None, "--minutes", help="How long to fuzz, in minutes (overrides --seconds)."
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="Make the run reproducible."),
+    json_path: Path | None = typer.Option(None, "--json", help="Also write the report as JSON to this file."),
+) -> None:
+    """Fuzz the public functions (hypothesis): only ValueError/TypeError with a clear message, never NaN
+    where the float64 spec is finite, never a modified argument. Exit code 1 if anything else happened."""
+    import json
+
+    from ..fuzz import format_report, run
+
+    total = minutes * 60 if minutes is not None else seconds
+    if not total > 0:
+        raise UsageError(f"the fuzzing time must be positive, got {total:g} s")
+    if json_path is not None and json_path.parent and not json_path.parent.is_dir():
+        raise UsageError(f"cannot write the report to {json_path}: folder {json_path.parent} does not exist")
+    with console.status("fuzzing …") as status:
+
+        def progress(r) -> None:
+            status.update(
+                f"fuzzing … {r.seconds:.0f}/{total:.0f} s, {r.inputs} inputs, {len(r.failures)} failures"
+            )
+
+        report = run(total, seed=seed, progress=progress)
+    console.print(format_report(report), highlight=False, markup=False)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.as_dict(), indent=2), encoding="utf-8")
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fuzz")(fuzz)
