@@ -101,7 +101,7 @@ def weight_table(weights, tokens: list[str], n_rows: int, n_cols: int, title: st
 def top_table(run, layer: int, head: int, k: int, n_rows: int) -> Table:
     """Each query token's ``k`` most-attended tokens with their weights."""
     table = Table(
-        title=f"top {k} attended tokens per query: token [position] weight",
+        title=f"top {k} attended tokens per query: token \\[position] weight",
         title_justify="left",
         box=None,
         padding=(0, 1),
