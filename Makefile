@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format install clean bench fuzz
+.PHONY: demo test lint format install clean bench fuzz report
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ test: lint
 
 bench: $(STAMP)
 	$(VENV)/bin/selfattention bench
+
+# The HTML attention report of the README's sentence, self-contained: open out/report.html from disk.
+report: $(STAMP)
+	$(VENV)/bin/selfattention report "The animal didn't cross the street because it was too tired." --head 3.1 --token 10 --out out/report.html
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -296,7 +296,7 @@ def _cli(args: list[str]) -> int:
 
 
 def test_cli_example_writes_a_report(tmp_path, capsys):
-    out = tmp_path / "journey.html"
+    out = tmp_path / "new-folder" / "journey.html"  # the folder is created
     assert _cli(["report", "--example", "journey", "--out", str(out), "--png", str(tmp_path / "j.png")]) == 0
     assert (tmp_path / "j.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     p = payload_of(out.read_text(encoding="utf-8"))

@@ -75,6 +75,10 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"--exact-mb must be > 0, got {exact_mb}")
         if out.exists() and out.is_dir():
             raise UsageError(f"--out {out} is a directory; give a file name such as {out / 'report.html'}")
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UsageError(f"--out {out}: cannot create its folder ({e.strerror})") from None
         start = time.perf_counter()
 
         if example is not None:
