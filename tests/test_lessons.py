@@ -19,6 +19,7 @@ from selfattention.lessons import (
     limitations_training,
     n_squared,
     no_locality_prior,
+    one_aggregation,
     polysemy,
     set_operation,
     similar_attend,
@@ -330,3 +331,17 @@ def test_weights_not_explanation_verdict():
         weights_not_explanation.verdict({"weight_share": [0.3, 0.4], "norm_share": [0.3, 0.38]}).status
         == FAILS
     )
+
+
+def test_one_aggregation_verdict_and_task():
+    ok = {"accuracy": {"1 layer": [0.44, 0.43], "2 layers": [0.99, 0.98]}}
+    assert one_aggregation.verdict(ok).status == HOLDS
+    one_enough = {"accuracy": {"1 layer": [0.97, 0.98], "2 layers": [0.99, 0.98]}}
+    assert one_aggregation.verdict(one_enough).status == FAILS
+    names, ptr, pay, y = one_aggregation.make_batch(3, torch.Generator().manual_seed(1))
+    for b in range(3):
+        row = names[b].tolist()
+        for i in range(names.shape[1]):
+            j = row.index(int(ptr[b, i]))  # next(i)
+            k = row.index(int(ptr[b, j]))  # next(next(i))
+            assert j != i and int(y[b, i]) == int(pay[b, k])

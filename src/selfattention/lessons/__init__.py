@@ -60,6 +60,7 @@ MODULES = (
     "n_squared",
     "no_locality_prior",
     "kv_reuse",
+    "one_aggregation",
     "weights_not_explanation",
 )
 

@@ -68,16 +68,6 @@ DISCUSSED: tuple[Lesson, ...] = (
         "its consequences are measured in distance-one-hop (gradient path) and n-squared-bill (the cost).",
     ),
     Lesson(
-        name="one-aggregation-per-layer",
-        lecture="003",
-        section="四、这一讲机制自带的代价",
-        claim_zh="一层自注意力只做了一次“信息汇聚”……更复杂的推理往往需要好几层自注意力叠加",
-        claim_en="One attention layer aggregates once; multi-step reasoning needs several layers.",
-        kind="discussed",
-        reason="backing it needs a multi-hop task trained at 1 vs 2+ layers until convergence; not built "
-        "yet (the single-hop version is limitations-training). 'Often needs' is also not a theorem.",
-    ),
-    Lesson(
         name="needs-data-to-learn-where-to-look",
         lecture="003",
         section="四、这一讲机制自带的代价",
