@@ -57,12 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         err_console.print(f"[bold red]error:[/bold red] {msg}", highlight=False)
         return 2
-    except Exception as e:  # click's own usage errors
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            return e.exit_code
+    except Exception as e:  # click's own usage errors (bad option values, unknown options)
+        # typer >= 0.2x vendors click as ``typer._click``: its exceptions are not ``click``'s, so match
+        # on the ClickException interface (show() + exit_code) rather than on the class
+        show, code = getattr(e, "show", None), getattr(e, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            return code
         raise
     return rc if isinstance(rc, int) else 0
 
