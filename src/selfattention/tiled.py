@@ -82,6 +82,8 @@ class _Plan:
     seed: int
     blocks: list[tuple[int, int, list[tuple[int, int, bool]]]] = field(default_factory=list)
     fast: list[tuple[int, bool]] = field(default_factory=list)  # set by the forward pass
+    cache: dict = field(default_factory=dict)  # causal/window block masks by diagonal offset
+    device: torch.device | None = None
 
 
 def _split(lo: int, hi: int, width: int, needs_mask: bool) -> list[tuple[int, int, bool]]:
@@ -163,13 +165,22 @@ def _fit(m: torch.Tensor, plan: _Plan, bq: int, w: int) -> torch.Tensor:
 
 def _block_mask(
     plan: _Plan, i0: int, i1: int, j0: int, j1: int, needs_mask: bool
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(visible bool, additive float bias) for one block, each broadcastable to (N, G, bq, w) or None."""
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """(visible, bias, hidden) of one block, each broadcastable to (N, G, bq, w) or None.
+
+    ``visible`` bool True = attend; ``bias`` the user's float mask block; ``hidden`` = ~visible when
+    cheaply known (causal/window blocks are cached by their diagonal offset: every diagonal block of a
+    causal mask is the same small triangle).
+    """
     if not needs_mask:
-        return None, None
+        return None, None, None
     bq, w = i1 - i0, j1 - j0
+    structured_only = plan.q_doc is None and plan.mask is None
+    key = (j0 - i0 - (plan.tk - plan.tq), bq, w)
+    if structured_only and key in plan.cache:
+        return plan.cache[key]
     vis = None
-    device = plan.mask.device if plan.mask is not None else None
+    device = plan.device
     if plan.is_causal or plan.window is not None:
         offset = plan.tk - plan.tq
         q_pos = torch.arange(i0 + offset, i1 + offset, device=device)[:, None]
@@ -177,6 +188,9 @@ def _block_mask(
         vis = k_pos <= q_pos
         if plan.window is not None:
             vis = vis & (k_pos > q_pos - plan.window)
+    if structured_only:
+        plan.cache[key] = (vis, None, None if vis is None else ~vis)
+        return plan.cache[key]
     if plan.q_doc is not None:
         dm = plan.q_doc[..., i0:i1, None] == plan.k_doc[..., None, j0:j1]  # (..., bq, w)
         dm = _fit(dm.unsqueeze(-3), plan, bq, w)
@@ -188,10 +202,16 @@ def _block_mask(
             vis = um if vis is None else vis & um
         else:
             bias = um
-    return vis, bias
+    return vis, bias, None
 
 
-def _apply_mask(s: torch.Tensor, plan: _Plan, vis: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+def _apply_mask(
+    s: torch.Tensor,
+    plan: _Plan,
+    vis: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    hidden: torch.Tensor | None = None,
+) -> None:
     """In place on scores s (N, G·bq, w): add the float bias, set hidden entries to -inf."""
     if vis is None and bias is None:
         return
@@ -200,8 +220,8 @@ def _apply_mask(s: torch.Tensor, plan: _Plan, vis: torch.Tensor | None, bias: to
         s4.add_(bias.to(s.dtype))
         vis_b = bias != _NEG_INF
         vis = vis_b if vis is None else vis & vis_b
-    if vis is not None:
-        s4.masked_fill_(~vis, _NEG_INF)
+        hidden = None
+    s4.masked_fill_(~vis if hidden is None else hidden, _NEG_INF)
 
 
 def _dropout_scale(plan: _Plan, i0: int, j0: int, shape: torch.Size, ref: torch.Tensor) -> torch.Tensor:
@@ -286,16 +306,17 @@ def _forward_block_fast(
     i1: int,
     chunks: list[tuple[int, int, bool]],
     sbuf: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """One query block without any running maximum; None if the caller must redo it the classic way.
+) -> torch.Tensor:
+    """One query block without any running maximum: [Σ exp(S) V | Σ exp(S)], (N, R, Dv + 1).
 
     The weights are exp(S)/Σ exp(S) whatever the reference, so when every row sum of exp(S) lies well
-    inside the float range (checked at the end: finite, in ``_range``), no max is needed at all and
-    the only elementwise pass is ``exp_``. Rows out of range (scores above ~69 or all below ~−46),
-    NaN/inf and rows with nothing visible send the block to :func:`_forward_block_safe`.
+    inside the float range (checked by the caller once for all rows: finite, in ``_range``), no max
+    is needed at all and the only elementwise pass is ``exp_``. Rows out of range (scores above ~69 or
+    all below ~−46), NaN/inf and rows with nothing visible send their block to
+    :func:`_forward_block_safe`.
 
     qb (N, R, D) already scaled; kt (N, D, Tk); va (N, Tk, Dv + 1) = [V | 1] (row sums fused into the
-    P·V product) without dropout, else V. Returns (out (N, R, Dv), lse (N, R)).
+    P·V product) without dropout, else V.
     """
     n, r = qb.shape[0], qb.shape[1]
     fused = plan.dropout_p == 0.0
@@ -304,22 +325,16 @@ def _forward_block_fast(
     for j0, j1, needs in chunks:
         w = j1 - j0
         s = sbuf[: n * r * w].view(n, r, w)
-        vis, bias = _block_mask(plan, i0, i1, j0, j1, needs)
+        vis, bias, hidden = _block_mask(plan, i0, i1, j0, j1, needs)
         torch.bmm(qb, kt[:, :, j0:j1], out=s)
-        _apply_mask(s, plan, vis, bias)
+        _apply_mask(s, plan, vis, bias, hidden)
         s.exp_()
         if not fused:
-            part = s.sum(dim=-1)
+            part = s.sum(dim=-1, keepdim=True)
             total = part if total is None else total.add_(part)
             s.mul_(_dropout_scale(plan, i0, j0, s.shape, s))
         acc = torch.bmm(s, va[:, j0:j1]) if acc is None else acc.baddbmm_(s, va[:, j0:j1])
-    if fused:
-        total = acc[..., -1]
-        acc = acc[..., :-1]
-    lo, hi = _range(acc.dtype)
-    if not (bool(torch.isfinite(acc).all()) and bool(((total >= lo) & (total <= hi)).all())):
-        return None
-    return acc / total.unsqueeze(-1), torch.log(total)
+    return acc if fused else torch.cat([acc, total], dim=-1)
 
 
 def _guarded_pv(p: torch.Tensor, v: torch.Tensor, vis: torch.Tensor | None, plan: _Plan) -> torch.Tensor:
@@ -358,9 +373,9 @@ def _forward_block_safe(
     total = qb.new_zeros((n, r, 1))
     acc = qb.new_zeros((n, r, dv))
     for j0, j1, needs in chunks:
-        vis, bias = _block_mask(plan, i0, i1, j0, j1, needs)
+        vis, bias, hidden = _block_mask(plan, i0, i1, j0, j1, needs)
         s = torch.bmm(qb, kt[:, :, j0:j1])
-        _apply_mask(s, plan, vis, bias)
+        _apply_mask(s, plan, vis, bias, hidden)
         if vis is None and bias is not None:
             vis = bias != _NEG_INF
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
@@ -386,38 +401,57 @@ def _forward_block_safe(
 def _forward(
     plan: _Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, stats: _StatsAcc | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (N, G, Tq, D), k (N, Tk, D), v (N, Tk, Dv) → out (N, G, Tq, Dv), lse (N, G, Tq)."""
+    """q (N, G, Tq, D), k (N, Tk, D), v (N, Tk, Dv) → out (N, G, Tq, Dv), lse (N, G, Tq).
+
+    Every block first takes the fast path (no running maximum); one check over all rows afterwards
+    sends the blocks holding a row out of range to the classic online softmax. With statistics, every
+    block takes the classic path (it tracks more than sums).
+    """
     n, g, tq = plan.n, plan.g, plan.tq
     dv = v.shape[-1]
     qs = q * plan.scale  # scale folded into the queries: S = (q·scale) kᵀ
     kt = k.transpose(1, 2)  # (N, D, Tk), a view
-    out = q.new_zeros((n, g, tq, dv))
-    lse = q.new_full((n, g, tq), _NEG_INF)
-    va = None
+    redo = [(i0, i1, ch) for i0, i1, ch in plan.blocks if ch]
+    sums = q.new_zeros((n, g, tq, dv + 1))  # [Σ exp(S) V | Σ exp(S)] per row
     if stats is None:
         va = torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1) if plan.dropout_p == 0.0 else v
         widest = max((j1 - j0 for _, _, ch in plan.blocks for j0, j1, _ in ch), default=0)
-        sbuf = q.new_empty(n * g * min(DEFAULT_BLOCK_Q, tq) * widest)
-    for i0, i1, chunks in plan.blocks:
-        if not chunks:
-            continue
-        bq = i1 - i0
-        qb = qs[:, :, i0:i1].reshape(n, g * bq, -1)  # (N, G·bq, D); a view when G == 1
-        res = None
-        if stats is None:
-            if sbuf.numel() < n * g * bq * widest:
-                sbuf = q.new_empty(n * g * bq * widest)
-            res = _forward_block_fast(plan, qb, kt, va, i0, i1, chunks, sbuf)
+        rows = max((i1 - i0 for i0, i1, _ in plan.blocks), default=0)
+        sbuf = q.new_empty(n * g * rows * widest)
+        for i0, i1, chunks in redo:
+            qb = qs[:, :, i0:i1].reshape(n, g * (i1 - i0), -1)  # (N, G·bq, D); a view when G == 1
+            acc = _forward_block_fast(plan, qb, kt, va, i0, i1, chunks, sbuf)
+            sums[:, :, i0:i1] = acc.view(n, g, i1 - i0, dv + 1)
+        total = sums[..., -1]
+        lo, hi = _range(q.dtype)
+        bad_rows = ~(torch.isfinite(sums).all(dim=-1) & (total >= lo) & (total <= hi))  # (N, G, Tq)
+        bad_q = bad_rows.flatten(0, 1).any(dim=0)  # (Tq,)
+        if bool(bad_q.any()):
+            redo = [(i0, i1, ch) for i0, i1, ch in redo if bool(bad_q[i0:i1].any())]
         else:
+            redo = []
+        out = sums[..., :dv] / torch.where(total == 0, torch.ones_like(total), total).unsqueeze(-1)
+        lse = torch.log(total)
+    else:
+        out = q.new_zeros((n, g, tq, dv))
+        lse = q.new_full((n, g, tq), _NEG_INF)
+    slow = {i0 for i0, _, _ in redo}
+    plan.fast = [(i0, i0 not in slow) for i0, _, ch in plan.blocks if ch]
+    for i0, i1, chunks in redo:
+        bq = i1 - i0
+        qb = qs[:, :, i0:i1].reshape(n, g * bq, -1)
+        if stats is not None:
             stats.start(i0, i1)
-        plan.fast.append((i0, res is not None))
-        if res is None:
-            res = _forward_block_safe(plan, qb, kt, v, i0, i1, chunks, stats)
-        o, l = res
+        o, l = _forward_block_safe(plan, qb, kt, v, i0, i1, chunks, stats)
         out[:, :, i0:i1] = o.view(n, g, bq, dv)
         lse[:, :, i0:i1] = l.view(n, g, bq)
         if stats is not None and stats.column_sums is not None:
             stats.columns(qb, kt, i0, i1, chunks, l)
+    # rows of blocks with no visible key at all: zeros and lse = -inf
+    for i0, i1, chunks in plan.blocks:
+        if not chunks:
+            out[:, :, i0:i1] = 0
+            lse[:, :, i0:i1] = _NEG_INF
     return out, lse
 
 
@@ -449,48 +483,47 @@ def _backward(
         v = torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
     qs = q * plan.scale
     kt = k.transpose(1, 2)
-    delta = (dout * out).sum(dim=-1)  # δ = rowsum(dO ∘ O), (N, G, Tq)
-    lse_ref = torch.where(lse == _NEG_INF, torch.zeros_like(lse), lse)
+    delta = (dout * out).sum(dim=-1, keepdim=True)  # δ = rowsum(dO ∘ O), (N, G, Tq, 1)
+    lse_ref = torch.where(lse == _NEG_INF, torch.zeros_like(lse), lse).unsqueeze(-1)
     va = torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)  # [V | 1], (N, Tk, Dv + 1)
     vat = va.transpose(1, 2)
+    fast = dict(plan.fast)
+    any_slow = plan.dropout_p > 0.0 or not all(fast.values())
+    f = torch.exp(-lse_ref)
+    doa_fast = torch.cat([dout * f, -delta * f], dim=-1)  # [dO' | −δ'], (N, G, Tq, Dv + 1)
+    doa_slow = torch.cat([dout, -delta], dim=-1) if any_slow else None  # [dO | −δ]
     dq = torch.zeros_like(q)
     dk = torch.zeros_like(k)
     dva = torch.zeros_like(va)  # the last column collects nothing useful
-    fast = dict(plan.fast)
     for i0, i1, chunks in plan.blocks:
         if not chunks:
             continue
-        bq = i1 - i0
-        qb = qs[:, :, i0:i1].reshape(n, g * bq, -1)
-        dob = dout[:, :, i0:i1].reshape(n, g * bq, -1)
-        lse_b = lse_ref[:, :, i0:i1].reshape(n, g * bq, 1)
-        delta_b = delta[:, :, i0:i1].reshape(n, g * bq, 1)
-        dqb = torch.zeros_like(qb)
+        bq, r = i1 - i0, g * (i1 - i0)
         quick = fast.get(i0, False) and plan.dropout_p == 0.0
-        if quick:
-            f = torch.exp(-lse_b)
-            doa = torch.cat([dob * f, -delta_b * f], dim=-1)  # [dO' | −δ'], (N, R, Dv + 1)
-        else:
-            doa = torch.cat([dob, -delta_b], dim=-1)  # [dO | −δ]
+        qb = qs[:, :, i0:i1].reshape(n, r, -1)  # views when G == 1
+        doa = (doa_fast if quick else doa_slow)[:, :, i0:i1].reshape(n, r, -1)
+        dqb = dq[:, 0, i0:i1] if g == 1 else q.new_zeros((n, r, q.shape[-1]))
+        neg_lse = None if quick else -lse_ref[:, :, i0:i1].reshape(n, r, 1)
         for j0, j1, needs in chunks:
-            vis, bias = _block_mask(plan, i0, i1, j0, j1, needs)
+            vis, bias, hidden = _block_mask(plan, i0, i1, j0, j1, needs)
             if quick:
                 s = torch.bmm(qb, kt[:, :, j0:j1])  # S
             else:
-                s = torch.baddbmm(-lse_b, qb, kt[:, :, j0:j1])  # S − ℓ
-            _apply_mask(s, plan, vis, bias)
+                s = torch.baddbmm(neg_lse, qb, kt[:, :, j0:j1])  # S − ℓ
+            _apply_mask(s, plan, vis, bias, hidden)
             p = s.exp_()  # E = exp(S) or P = exp(S − ℓ); 0 where hidden
             if plan.dropout_p > 0.0:
                 z = _dropout_scale(plan, i0, j0, p.shape, p)
                 dva[:, j0:j1].baddbmm_((p * z).transpose(1, 2), doa)
-                dp = torch.bmm(dob, vat[:, :-1, j0:j1]).mul_(z).sub_(delta_b)
+                dp = torch.bmm(doa[..., :-1], vat[:, :-1, j0:j1]).mul_(z).add_(doa[..., -1:])
             else:
                 dva[:, j0:j1].baddbmm_(p.transpose(1, 2), doa)
                 dp = torch.bmm(doa, vat[:, :, j0:j1])  # dO Vᵀ − δ
             ds = dp.mul_(p)  # dS = P ∘ (dO Vᵀ − δ)
             dqb.baddbmm_(ds, k[:, j0:j1])
             dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qb)  # qb carries the scale already
-        dq[:, :, i0:i1] = dqb.view(n, g, bq, -1)
+        if g != 1:
+            dq[:, :, i0:i1] = dqb.view(n, g, bq, -1)
     dq.mul_(plan.scale)
     return dq, dk, dva[..., :-1]
 
@@ -592,9 +625,9 @@ class _StatsAcc:
         n, g, bq = plan.n, plan.g, i1 - i0
         lse_ref = torch.where(lse == _NEG_INF, torch.zeros_like(lse), lse).unsqueeze(-1)
         for j0, j1, needs in chunks:
-            vis, bias = _block_mask(plan, i0, i1, j0, j1, needs)
+            vis, bias, hidden = _block_mask(plan, i0, i1, j0, j1, needs)
             s = torch.baddbmm(-lse_ref, qb, kt[:, :, j0:j1])
-            _apply_mask(s, plan, vis, bias)
+            _apply_mask(s, plan, vis, bias, hidden)
             p = s.exp_().nan_to_num_(nan=0.0)
             self.column_sums[:, :, j0:j1] += p.view(n, g, bq, -1).sum(dim=2)
 
@@ -691,6 +724,7 @@ def _prepare(
         mask=mask,
         dropout_p=dropout_p,
         seed=seed,
+        device=q4.device,
     )
     plan.blocks = _make_blocks(q_len, k_len, bq, bk, is_causal, window, q_doc, k_doc, attn_mask is not None)
     if attn_mask is not None:
