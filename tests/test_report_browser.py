@@ -267,6 +267,10 @@ def test_512_tokens_render_and_stay_exact(open_page, reports):
     true = float(run.attentions[la, h, i, j])
     assert abs(float(tip["weight"]) ** 0.5 - true**0.5) <= 0.5 / 255 + 1e-6
     assert "not stored in this file" in pg.page.locator("#trace").inner_text()
+    assert pg.page.locator(".thumb.exact").count() == len(payload["exact"]) < 72
+    pg.page.locator("#trace button[data-goto='3.5']").click()  # back to a head with a trace
+    assert (pg.state()["layer"], pg.state()["head"]) == ("3", "5")
+    assert pg.page.locator("#trace table").count() == 1
     # clicking a token at 512 tokens still moves the highlight
     pg.page.locator(".tok[data-i='300']").scroll_into_view_if_needed()
     pg.page.locator(".tok[data-i='300']").click()

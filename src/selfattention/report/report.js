@@ -174,13 +174,14 @@
         c.title = `layer ${l} · head ${h}\nentropy ${fmt(st.entropy[l][h], 3)} bits · self ${pct(st.self[l][h])}` +
           ` · first ${pct(st.first[l][h])} · last ${pct(st.last[l][h])}` + (exact[key(l, h)] ? "\nexact values stored" : "");
         c.addEventListener("click", () => selectHead(l, h));
+        if (exact[key(l, h)] && Object.keys(exact).length < L * H) c.classList.add("exact");
         grid.append(c);
         thumbs.push(c);
       }
     }
     const nExact = Object.keys(exact).length;
     $("grid-note").textContent = (T > 64 ? `Thumbnails show the largest weight in each block of ${Math.ceil(T / 64)}×${Math.ceil(T / 64)} cells. ` : "") +
-      (nExact < L * H ? `Exact values stored for ${nExact} of ${L * H} heads (${Object.keys(exact).map((k) => "L" + k.replace(".", "·H")).join(", ")}).` : "Exact values stored for every head.");
+      (nExact < L * H ? `Exact values and traces stored for ${nExact} of ${L * H} heads (underlined in blue: ${Object.keys(exact).map((k) => "L" + k.replace(".", "·H")).join(", ")}); the others show 8-bit values.` : "Exact values stored for every head.");
     drawThumbs();
   }
   // thumbnails come straight from the 8-bit data (q = round(255·√w)): max-pool q over blocks, then map
@@ -496,10 +497,14 @@
     box.textContent = "";
     $("trace-hint").textContent = `layer ${l} · head ${h} · query “${D.tokens[s]}” (#${s})`;
     if (!e) {
+      const links = Object.keys(exact).map((k) => {
+        const [kl, kh] = k.split(".").map(Number);
+        return el("button", { class: "btn", type: "button", "data-goto": k, onclick: () => selectHead(kl, kh), text: `L${kl}·H${kh}` });
+      });
       box.append(el("div", { class: "missing" },
-        `The trace of layer ${l} · head ${h} is not stored in this file (exact values are kept for `,
-        el("b", { text: Object.keys(exact).map((k) => "L" + k.replace(".", "·H")).join(", ") }),
-        `). Select one of those heads, or make a report for this head: `,
+        `The trace of layer ${l} · head ${h} is not stored in this file; exact values are kept for `,
+        links.flatMap((b, n) => (n ? [" ", b] : [b])),
+        `. Select one of those heads, or make a report for this head: `,
         el("code", { text: `selfattention report … --head ${l}.${h}` }), "."));
       return;
     }
