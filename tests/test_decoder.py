@@ -44,16 +44,17 @@ def _greedy_by_hand(model, prompt, n):
 
 
 @pytest.mark.parametrize(
-    "kw",
+    "kw,prompt_len",
     [
-        {},
-        {"num_kv_heads": 2},
-        {"num_kv_heads": 1, "window": 5},
-        {"backend": None},
-        {"window": 3, "backend": None},
+        ({}, 1),
+        ({}, 3),
+        ({}, 7),
+        ({"num_kv_heads": 2}, 3),
+        ({"num_kv_heads": 1, "window": 5}, 7),  # MQA with a window shorter than the prompt
+        ({"backend": None}, 1),
+        ({"window": 3, "backend": None}, 3),
     ],
 )
-@pytest.mark.parametrize("prompt_len", [1, 3, 7])
 def test_greedy_generation_identical_with_and_without_cache(kw, prompt_len):
     model = _tiny(seed=prompt_len, **kw)
     prompt = torch.randint(0, 13, (prompt_len,), generator=torch.Generator().manual_seed(prompt_len))
