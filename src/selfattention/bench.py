@@ -53,6 +53,7 @@ class BenchConfig:
     long_impls: tuple[str, ...] = ("tiled",)
     block_q: int | None = None
     block_k: int | None = None
+    threads: int | None = None  # torch threads in the children (None: torch's default)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -159,6 +160,8 @@ def _child(spec: dict) -> None:
     """Measure every case of one sequence length; print one JSON line per case."""
     import torch
 
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
     t, h, d, b = spec["t"], spec["heads"], spec["head_dim"], spec["batch"]
     for variant in spec["variants"]:
@@ -181,7 +184,9 @@ def _child(spec: dict) -> None:
                 memory[name] = _peak_extra_mib(lambda fn=fn: call(fn))
                 first[name] = time.perf_counter() - t0
             times: dict[str, list[float]] = {name: [] for name in impls}
-            repeats = spec["repeats"] if max(first.values()) < 20 else 1
+            repeats = spec["repeats"] if max(first.values()) < 20 else min(1, spec["repeats"])
+            if repeats == 0:  # memory-only run: the one call is the time sample
+                times = {name: [first[name]] for name in impls}
             for _ in range(repeats):
                 for name, fn in impls.items():
                     t0 = time.perf_counter()
@@ -217,6 +222,7 @@ def _specs(cfg: BenchConfig) -> list[dict]:
         "reference_max_t": cfg.reference_max_t,
         "block_q": cfg.block_q,
         "block_k": cfg.block_k,
+        "threads": cfg.threads,
         "passes": list(cfg.passes),
     }
     specs = []
@@ -231,7 +237,7 @@ def _specs(cfg: BenchConfig) -> list[dict]:
                 "heads": 1,
                 "variants": ["dense"],
                 "passes": ["fwd+bwd"],
-                "repeats": 1,
+                "repeats": 0,  # one call: its time and its memory
                 "only": list(cfg.long_impls),
             }
         )
@@ -248,6 +254,8 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log=None) -> dict:
     import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     specs = _specs(cfg)
     total = sum(_count_cases(s, cfg) for s in specs) + 1
     meta = {

@@ -23,11 +23,17 @@ def register(app: typer.Typer) -> None:
             "", "--sizes", help="Comma-separated sequence lengths (default 512…16384)."
         ),
         repeats: int = typer.Option(
-            0, "--repeats", help="Timed rounds per case (default 3; 2 with --quick)."
+            -1,
+            "--repeats",
+            help="Timed rounds per case (default 3; 2 with --quick; 0: the memory call only).",
         ),
         long_t: int = typer.Option(
             -1, "--long-t", help="Length of the H = 1 memory case (default 65536; 0 skips it)."
         ),
+        variants: str = typer.Option("", "--variants", help="Subset of dense,causal,window (default all)."),
+        passes: str = typer.Option("", "--passes", help="Subset of fwd,fwd+bwd (default both)."),
+        heads: int = typer.Option(0, "--heads", help="Attention heads (default 8; 2 with --quick)."),
+        threads: int = typer.Option(0, "--threads", help="torch threads (default: torch's own choice)."),
         block_q: int = typer.Option(
             0, "--block-q", help="Query rows per block of the tiled path (0: default)."
         ),
@@ -50,9 +56,22 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(f"--sizes must be comma-separated integers, got {sizes!r}") from None
             if not cfg.sizes or min(cfg.sizes) <= 0:
                 raise UsageError(f"--sizes must be positive integers, got {sizes!r}")
-        if repeats < 0 or block_q < 0 or block_k < 0:
-            raise UsageError("--repeats, --block-q and --block-k must be >= 0")
-        if repeats:
+        for name, given, allowed in (
+            ("variants", variants, ("dense", "causal", "window")),
+            ("passes", passes, ("fwd", "fwd+bwd")),
+        ):
+            if given:
+                chosen = tuple(x.strip() for x in given.split(",") if x.strip())
+                if not chosen or any(x not in allowed for x in chosen):
+                    raise UsageError(f"--{name} takes a subset of {','.join(allowed)}, got {given!r}")
+                setattr(cfg, name, chosen)
+                if name == "variants" and "window" in chosen:
+                    cfg.window_min_t = 0
+        if heads < 0 or block_q < 0 or block_k < 0 or threads < 0:
+            raise UsageError("--heads, --threads, --block-q and --block-k must be >= 0")
+        cfg.threads = threads or None
+        cfg.heads = heads or cfg.heads
+        if repeats >= 0:
             cfg.repeats = repeats
         if long_t >= 0:
             cfg.long_t = long_t or None
