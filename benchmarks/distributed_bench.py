@@ -88,16 +88,26 @@ def _ring_worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> No
     res: dict = {"rank": rank, "local_len": t}
     q, k, v = _inputs(cfg, t, t, seed=rank, grad=False)
     res["input_mib"] = sum(x.numel() * x.element_size() for x in (q, k, v)) / MiB
-    # memory first, on a fresh heap (the parent set MALLOC_MMAP_THRESHOLD_, so freed tensors leave RSS)
+    # warm up on a tiny problem (lazy initialisation, gloo pair set-up), then measure memory on a fresh
+    # heap (the parent set MALLOC_MMAP_THRESHOLD_, so freed tensors leave the resident set)
+    small = len(sd.sequence_positions(8 * world, world, rank, cfg["layout"]))
+    qs, ks, vs = _inputs(cfg, small, small, seed=rank, grad=True)
+    sd.ring_attention(qs, ks, vs, **kw).sum().backward()
     with torch.no_grad():
         barrier()
-        res["fwd_peak_mib"], _ = _peak_extra(lambda: sd.ring_attention(q, k, v, **kw))
+        mem_stats = sd.RingStats()
+        res["fwd_peak_mib"], _ = _peak_extra(lambda: sd.ring_attention(q, k, v, stats=mem_stats, **kw))
+        res["fwd_bytes"] = mem_stats.bytes_sent
     if cfg["backward"]:
         qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
         dout = torch.randn_like(q)
         barrier()
-        res["fwdbwd_peak_mib"], _ = _peak_extra(lambda: sd.ring_attention(qg, kg, vg, **kw).backward(dout))
-    for overlap in (True, False):
+        mem_stats = sd.RingStats()
+        res["fwdbwd_peak_mib"], _ = _peak_extra(
+            lambda: sd.ring_attention(qg, kg, vg, stats=mem_stats, **kw).backward(dout)
+        )
+        res["fwdbwd_bytes"] = mem_stats.bytes_sent
+    for overlap in () if cfg["memory_only"] else (True, False):
         tag = "overlap" if overlap else "no_overlap"
         with torch.no_grad():
             sd.ring_attention(q, k, v, overlap=overlap, **kw)  # warm-up
@@ -152,15 +162,18 @@ def _single_worker(path: str, cfg: dict, outfile: str) -> None:
     res: dict = {"path": path, "input_mib": sum(x.numel() * x.element_size() for x in (q, k, v)) / MiB}
     qg, kg, vg = (x.clone().requires_grad_() for x in (q, k, v))
     dout = torch.randn_like(q)
+    qs, ks, vs = _inputs(cfg, 8, 8, seed=1, grad=True)
+    fn(qs, ks, vs).sum().backward()  # warm-up on a tiny problem
     with torch.no_grad():
         res["fwd_peak_mib"], _ = _peak_extra(lambda: fn(q, k, v))
     if cfg["backward"]:
         res["fwdbwd_peak_mib"], _ = _peak_extra(lambda: fn(qg, kg, vg).backward(dout))
-    with torch.no_grad():
-        fn(q, k, v)
-        res["fwd_s_overlap"] = _median_time(lambda: fn(q, k, v), cfg["repeats"])
-    if cfg["backward"]:
-        res["fwdbwd_s_overlap"] = _median_time(lambda: fn(qg, kg, vg).backward(dout), cfg["repeats"])
+    if not cfg["memory_only"]:
+        with torch.no_grad():
+            fn(q, k, v)
+            res["fwd_s_overlap"] = _median_time(lambda: fn(q, k, v), cfg["repeats"])
+        if cfg["backward"]:
+            res["fwdbwd_s_overlap"] = _median_time(lambda: fn(qg, kg, vg).backward(dout), cfg["repeats"])
     with open(outfile, "w") as f:
         json.dump(res, f)
 
@@ -209,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--no-backward", dest="backward", action="store_false")
     ap.add_argument("--baselines", nargs="*", default=["reference", "tiled", "torch"])
+    ap.add_argument("--memory-only", action="store_true", help="measure memory and bytes, skip the timings")
     ap.add_argument("--json", help="write the raw numbers here")
     cfg = vars(ap.parse_args(argv))
     # Large tensors get their own mmap and go back to the OS when freed, so that the peak resident
@@ -230,17 +244,18 @@ def main(argv: list[str] | None = None) -> int:
         f"block_size={cfg['block_size']}, {cfg['threads']} threads in all (ring: {cfg['threads']}//N per rank)\n"
     )
     print(
-        "| path | ranks | per-rank peak extra MiB fwd | fwd+bwd | per-rank inputs MiB | sent per rank MiB fwd | "
-        "fwd+bwd | fwd s (overlap / none) | wait s fwd (overlap / none) | fwd+bwd s (overlap / none) |"
+        "| path | ranks | inputs MiB per rank | peak extra MiB fwd | inputs + extra fwd | peak extra fwd+bwd | "
+        "sent MiB per rank fwd | fwd+bwd | fwd s (overlap / none) | wait s fwd (overlap / none) | "
+        "fwd+bwd s (overlap / none) |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for s in singles:
         if "error" in s:
-            print(f"| {s['path']} | 1 | {s['error']} | | | | | | | |")
+            print(f"| {s['path']} | 1 | {s['error']} | | | | | | | | |")
             continue
         print(
-            f"| {s['path']} | 1 | {_fmt(s['fwd_peak_mib'])} | {_fmt(s.get('fwdbwd_peak_mib'))} | "
-            f"{_fmt(s['input_mib'])} | 0 | 0 | {_fmt(s['fwd_s_overlap'])} | – | {_fmt(s.get('fwdbwd_s_overlap'))} |"
+            f"| {s['path']} | 1 | {_fmt(s['input_mib'])} | {_fmt(s['fwd_peak_mib'])} | "
+            f"{_fmt(s['input_mib'] + s['fwd_peak_mib'])} | {_fmt(s.get('fwdbwd_peak_mib'))} | 0 | 0 | {_fmt(s.get('fwd_s_overlap'))} | – | {_fmt(s.get('fwdbwd_s_overlap'))} |"
         )
     for n, ranks in rings.items():
 
@@ -249,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
             return None if any(x is None for x in vals) else max(vals)
 
         print(
-            f"| ring | {n} | {_fmt(mx('fwd_peak_mib'))} | {_fmt(mx('fwdbwd_peak_mib'))} | {_fmt(mx('input_mib'))} | "
+            f"| ring | {n} | {_fmt(mx('input_mib'))} | {_fmt(mx('fwd_peak_mib'))} | "
+            f"{_fmt(max(r['input_mib'] + r['fwd_peak_mib'] for r in ranks))} | {_fmt(mx('fwdbwd_peak_mib'))} | "
             f"{_fmt(mx('fwd_bytes') / MiB)} | "
             f"{_fmt(mx('fwdbwd_bytes') / MiB if mx('fwdbwd_bytes') is not None else None)} | "
             f"{_fmt(mx('fwd_s_overlap'))} / {_fmt(mx('fwd_s_no_overlap'))} | "
@@ -260,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # What the numbers imply for N machines: a ring step overlaps the transfer of one key/value block
     # (T/N rows × 2·D values × 4 bytes) with the block's compute ((T/N)² · 4·D flops, ×0.5 causal).
-    big = max((n for n in rings if n > 1), default=None)
+    big = None if cfg["memory_only"] else max((n for n in rings if n > 1), default=None)
     if big is not None:
         r0 = max(rings[big], key=lambda r: r["fwd_compute_s_overlap"])
         local = r0["local_len"]
@@ -272,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
         bw = block_bytes / wait_none if wait_none > 0 else float("inf")
         rows = 2 * rate / bw * (2 if cfg["causal"] else 1)
         print(
-            f"\nmeasured with N={big}: compute {rate / 1e9:.1f} GFLOP/s per rank ({cfg['threads'] // big} thread(s)), "
-            f"loopback transfer of one block {block_bytes / MiB:.2f} MiB in {wait_none * 1e3:.1f} ms "
-            f"({bw / 1e9:.2f} GB/s).\nCommunication is hidden by the overlap when a rank's block has at least "
+            f"\nmeasured with N={big}: compute {rate / 1e9:.1f} GFLOP/s per rank ({max(1, cfg['threads'] // big)} thread(s)), "
+            f"one block of {block_bytes / MiB:.2f} MiB: {wait_none * 1e3:.1f} ms waiting per step without overlap "
+            f"(transfer plus waiting for the slowest rank: {bw / 1e9:.2f} GB/s as a lower bound).\nCommunication is hidden by the overlap when a rank's block has at least "
             f"2·F/BW rows = {rows:.0f} rows at these rates (per step: T/N·8·D bytes vs (T/N)²·4·D flops); "
             "over 10 Gbit/s Ethernet (1.25 GB/s) at this compute rate: "
             f"{2 * rate / 1.25e9 * (2 if cfg['causal'] else 1):.0f} rows."
