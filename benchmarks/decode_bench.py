@@ -93,7 +93,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
     lines.append("")
     lines.append(
         f"Model: {meta['model']}; B = 1, float32, backend {meta['backend']!r}, {meta['threads']} threads, "
-        f"torch {meta['torch']}. Median of {meta['steps']} cached steps / {meta['repeats']} recomputations."
+        f"torch {meta['torch']}. Median of {meta['steps']} cached steps per context; of {meta['repeats']} "
+        "recomputations up to T = 2048, fewer above."
     )
     return "\n".join(lines) + "\n"
 
@@ -135,11 +136,14 @@ def main() -> None:
     p.add_argument("--backend", default="torch")
     p.add_argument("--steps", type=int, default=16, help="cached single-token steps timed per context")
     p.add_argument("--repeats", type=int, default=3, help="recomputations timed per context")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "decode_bench.json")
     p.add_argument("--md", type=Path, default=ROOT / "benchmarks" / "results" / "decode_bench.md")
     p.add_argument("--plot", type=Path, default=ROOT / "docs" / "decode_bench.png")
     args = p.parse_args()
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     contexts = [int(c) for c in args.contexts.split(",")]
     backend = None if args.backend in ("none", "reference") else args.backend
     cfg = DecoderConfig(
