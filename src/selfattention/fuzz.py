@@ -57,7 +57,8 @@ class FuzzReport:
         inputs: inputs tried (every call counts, including those that raised documented errors).
         by_target: inputs per public function.
         errors: documented exceptions seen, keyed by ``"Type: message pattern"`` (numbers replaced by #).
-        failures: descriptions of inputs handled wrongly, each with the shrunk example.
+        failures: descriptions of inputs handled wrongly, each with the shrunk example (each bug once).
+        repeats: how many more times each failure was met again (not shrunk again).
     """
 
     seconds: float = 0.0
@@ -65,6 +66,7 @@ class FuzzReport:
     by_target: Counter = field(default_factory=Counter)
     errors: Counter = field(default_factory=Counter)
     failures: list[str] = field(default_factory=list)
+    repeats: Counter = field(default_factory=Counter)
 
     @property
     def ok(self) -> bool:
@@ -77,6 +79,7 @@ class FuzzReport:
             "by_target": dict(self.by_target.most_common()),
             "errors": dict(self.errors.most_common()),
             "failures": self.failures,
+            "failure_repeats": dict(self.repeats),
             "ok": self.ok,
         }
 
@@ -292,10 +295,9 @@ def _attention_example(data, report: FuzzReport, backends: list[str]) -> None:
     before = _snapshot(args)
     target = data.draw(_st().sampled_from(backends + ["attention_weights", "tiled_blocks"]), label="target")
     if target == "attention_weights":
-        wargs = {n: a for n, a in args.items() if n != "value"}
-        ok, w = _call(
-            report, target, lambda: F.attention_weights(**{**wargs, "attn_mask": args.get("attn_mask")})
-        )
+        names = ("query", "key", "attn_mask", "is_causal", "scale", "enable_gqa")
+        wargs = {n: a for n, a in args.items() if n in names}
+        ok, w = _call(report, target, lambda: F.attention_weights(**wargs))
         if ok:
             _unchanged(args, before)
             fin_q = bool(torch.isfinite(args["query"]).all()) and bool(torch.isfinite(args["key"]).all())
@@ -462,7 +464,7 @@ def run(
     seconds: float = 60.0,
     *,
     seed: int | None = None,
-    batch: int = 200,
+    batch: int = 40,
     progress: Callable[[FuzzReport], None] | None = None,
 ) -> FuzzReport:
     """Fuzz for about ``seconds`` (at least one batch of ``batch`` examples); return a :class:`FuzzReport`.
@@ -489,6 +491,7 @@ def run(
     report = FuzzReport()
     start = time.monotonic()
     seen_failures: set[str] = set()
+    repeats = report.repeats
     round_ = 0
     while True:
         round_ += 1
@@ -502,10 +505,17 @@ def run(
         )
         @given(data=st.data(), which=st.sampled_from(["attention"] * 4 + ["modules"]))
         def one(data, which):
-            if which == "attention":
-                _attention_example(data, report, backends)
-            else:
-                _module_example(data, report, backends)
+            try:
+                if which == "attention":
+                    _attention_example(data, report, backends)
+                else:
+                    _module_example(data, report, backends)
+            except FuzzFailure as e:
+                key = _failure_key(str(e))
+                if key in seen_failures:  # a bug already reported: count it, do not shrink it again
+                    repeats[key] += 1
+                    return
+                raise
 
         if seed is not None:
             one = hypothesis_seed(seed * 100_003 + round_)(one)
@@ -513,23 +523,28 @@ def run(
             one()
         except FuzzFailure as e:
             described = _describe(e)
-            first = described.split("\n")[0]
-            if first not in seen_failures:  # the same bug is found again in later batches: report it once
-                seen_failures.add(first)
+            key = _failure_key(described)
+            if key not in seen_failures:
+                seen_failures.add(key)
                 report.failures.append(described)
         except HypothesisException as e:  # pragma: no cover
             report.failures.append(f"hypothesis: {e}")
         except Exception as e:  # noqa: BLE001 — raised outside _call (e.g. in a backward): still a finding
             described = f"uncaught {type(e).__name__}: {str(e)[:300]}\n" + _describe(e).split("\n", 1)[-1]
-            first = described.split("\n")[0]
-            if first not in seen_failures:
-                seen_failures.add(first)
+            key = _failure_key(described)
+            if key not in seen_failures:
+                seen_failures.add(key)
                 report.failures.append(described)
         report.seconds = time.monotonic() - start
         if progress is not None:
             progress(report)
         if report.seconds >= seconds:
             return report
+
+
+def _failure_key(text: str) -> str:
+    """The first line with numbers blanked: the same bug with other sizes is the same failure."""
+    return re.sub(r"\d+", "#", text.split("\n")[0])
 
 
 def _describe(e: BaseException) -> str:
@@ -573,7 +588,8 @@ def format_report(report: FuzzReport) -> str:
     ]
     lines += [f"  {n:6d}  {k}" for k, v in [(k, v) for k, v in report.errors.most_common(15)] for n in [v]]
     for f in report.failures:
-        lines.append("FAILURE: " + f)
+        n = report.repeats.get(_failure_key(f), 0)
+        lines.append("FAILURE" + (f" (seen {n + 1} times)" if n else "") + ": " + f)
     return "\n".join(lines)
 
 
