@@ -86,7 +86,7 @@ class CharTokenizer:
         if unknown:
             raise ValueError(
                 f"text contains characters the model's alphabet does not have: {''.join(unknown)!r} "
-                f"(alphabet of {self.vocab_size}: {self.chars!r})"
+                f"(the alphabet has {self.vocab_size} characters, those of the training text)"
             )
         return [self._index[c] for c in text]
 

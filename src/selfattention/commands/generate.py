@@ -67,8 +67,9 @@ def generate_cmd(
     for use_cache in modes:
         results[use_cache] = _timed_generate(model, ids, tokens, use_cache)
     out, _ = results[modes[0]]
-    console.print(f"[bold]{prompt}[/bold]{tok.decode(out)}", highlight=False, markup=False, end="")
-    console.print()
+    from rich.text import Text
+
+    console.print(Text(prompt, style="bold") + Text(tok.decode(out)), highlight=False)
     for use_cache in modes:
         n_out, secs = results[use_cache]
         rate = len(n_out) / secs if secs > 0 else float("inf")

@@ -43,6 +43,11 @@ def train_with_progress(path: Path, steps: int, max_seconds: float | None):
         f"trained {info['steps']} steps in {info['seconds']} s: train loss {info['train_loss']:.3f}, "
         f"held-out loss {info['val_loss']:.3f} (nats/character); saved {path} and {path.with_suffix('.json')}"
     )
+    if info["steps"] < info["steps_planned"]:
+        console.print(
+            f"[yellow]stopped early after {info['steps']} of {info['steps_planned']} steps (time cap; is the machine "
+            "busy?): the model is undertrained. Retrain with `selfattention train --max-seconds 0`.[/yellow]"
+        )
     return model, tok, info
 
 
