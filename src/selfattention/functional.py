@@ -79,6 +79,14 @@ class AttentionSteps:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def _all_finite(t: torch.Tensor) -> bool:
+    """True if no entry is NaN or ±inf. One vectorised sum (a NaN or inf anywhere makes it non-finite);
+    only if the sum is not finite — or overflows — is the exact elementwise check run."""
+    if t.numel() == 0 or bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
 def _guarded_matmul(
     a: torch.Tensor, b: torch.Tensor, touches_bad: Callable[[torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:
@@ -89,9 +97,9 @@ def _guarded_matmul(
     non-finite entries of ``b`` to the bool map of outputs that use one; those get the honest IEEE value
     (NaN/inf) as a constant: NaN in an attended position is reported, never scrubbed.
     """
-    bad = ~torch.isfinite(b)
-    if not bool(bad.any()):
+    if _all_finite(b):
         return a @ b
+    bad = ~torch.isfinite(b)
     clean = a @ torch.where(bad, torch.zeros((), dtype=b.dtype, device=b.device), b)
     with torch.no_grad():
         honest = a @ b
@@ -160,7 +168,7 @@ def attention_steps(
     visible = _visible(attn_mask, is_causal, score_shape, query.device)
     all_visible = torch.ones((), dtype=torch.bool, device=query.device).expand(score_shape)
     visible_or_all = all_visible if visible is None else visible
-    if visible is not None and not bool(torch.isfinite(q).all()):
+    if visible is not None and not _all_finite(q):
         # a query that sees no key takes no part: NaN/inf it holds must not reach the key gradients
         # through 0 · NaN either (its output and gradient are zero)
         blind = ~visible.any(dim=-1, keepdim=True)  # (..., Tq, 1)
