@@ -7,6 +7,8 @@ device or value, so that a user can fix the call without reading a stack trace.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -274,3 +276,105 @@ def test_kv_cache_bad_input():
         kv.KVCache(1, 2, 4, 2, window=3)
     with pytest.raises(TypeError, match=r"dtype must be a floating torch\.dtype"):
         kv.KVCache(1, 2, 4, 8, dtype=torch.int64)
+
+
+# --------------------------------------------------------------------------------------------- persistence
+
+
+def _roundtrip(module: torch.nn.Module, tmp_path, make: callable) -> torch.nn.Module:
+    from safetensors.torch import load_file, save_file
+
+    f = tmp_path / "m.safetensors"
+    save_file({k: v.contiguous() for k, v in module.state_dict().items()}, str(f))
+    fresh = make()
+    fresh.load_state_dict(load_file(str(f)), strict=True)
+    return fresh
+
+
+@pytest.mark.parametrize("kind", ["SelfAttention", "MultiHeadAttention"])
+def test_state_dict_safetensors_roundtrip_is_exact(tmp_path, kind):
+    torch.manual_seed(21)
+    if kind == "SelfAttention":
+
+        def make():
+            return sa.SelfAttention(6, 5, qkv_bias=True)
+
+        x = torch.randn(2, 7, 6)
+    else:
+        mha = pytest.importorskip("selfattention.mha")
+
+        def make():
+            return mha.MultiHeadAttention(embed_dim=12, num_heads=4, num_kv_heads=2)
+
+        x = torch.randn(2, 7, 12)
+    module = make()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    torch.manual_seed(99)  # the fresh module starts from other weights: the load must really happen
+    loaded = _roundtrip(module, tmp_path, make)
+    for name, t in module.state_dict().items():
+        assert torch.equal(t, before[name]), f"saving modified {name}"
+        assert torch.equal(loaded.state_dict()[name], t), name
+    out = module(x, is_causal=True)
+    out_loaded = loaded(x, is_causal=True)
+    if isinstance(out, tuple):
+        out, out_loaded = out[0], out_loaded[0]
+    assert torch.equal(out, out_loaded)
+
+
+def _decoder():
+    return pytest.importorskip("selfattention.decoder")
+
+
+def test_checkpoint_wrong_shapes_missing_and_unexpected_tensors_are_named(tmp_path):
+    dec = _decoder()
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(22)
+    tok = dec.CharTokenizer("abc d")
+    model = dec.Decoder(
+        dec.DecoderConfig(vocab_size=tok.vocab_size, context=16, d_model=8, num_heads=2, num_layers=1)
+    )
+    path, cfg = dec.save_checkpoint(model, tok, tmp_path / "ok.safetensors")
+    loaded, tok2, _ = dec.load_checkpoint(path)
+    assert tok2.chars == tok.chars
+    for name, t in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], t), name
+
+    tensors = load_file(str(path))
+    name = next(iter(tensors))
+    # wrong shape
+    bad = dict(tensors)
+    bad[name] = torch.zeros(3, 3)
+    save_file(bad, str(path))
+    with pytest.raises(
+        ValueError, match=rf"tensor '{re.escape(name)}' has shape \(3, 3\), the model expects"
+    ):
+        dec.load_checkpoint(path)
+    # missing and unexpected
+    bad = {k: v for k, v in tensors.items() if k != name}
+    bad["extra.weight"] = torch.zeros(2)
+    save_file(bad, str(path))
+    with pytest.raises(
+        ValueError, match=rf"missing tensor '{re.escape(name)}'.*unexpected tensor 'extra\.weight'"
+    ):
+        dec.load_checkpoint(path)
+    # not a safetensors file at all / no config next to it / a broken config
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a readable safetensors file"):
+        dec.load_checkpoint(path)
+    cfg.write_text("{broken", encoding="utf-8")
+    with pytest.raises(ValueError, match="not a valid decoder config"):
+        dec.load_checkpoint(path)
+    cfg.unlink()
+    with pytest.raises(FileNotFoundError, match=r"ok\.json"):
+        dec.load_checkpoint(path)
+
+
+def test_check_state_dict_works_for_the_attention_modules_too():
+    dec = _decoder()
+    layer = sa.SelfAttention(4, 3)
+    sd = dict(layer.state_dict())
+    sd["W_key.weight"] = torch.zeros(3, 5)
+    del sd["W_value.weight"]
+    with pytest.raises(ValueError, match=r"W_value\.weight.*|W_key\.weight.*\(3, 5\)"):
+        dec.check_state_dict(layer, sd, source="layer.safetensors")
