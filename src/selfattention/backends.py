@@ -132,18 +132,7 @@ def torch_sdpa(
             if attn_mask is None or attn_mask.dtype == torch.bool
             else torch.where(visible, attn_mask, torch.full((), float("-inf"), dtype=attn_mask.dtype))
         )
-    # Non-finite keys/values are zeroed for the fast call, so a NaN/inf in a key hidden from some query
-    # cannot reach that query through 0 · NaN (torch SDPA multiplies every key). Output entries that really
-    # use one (a visible bad key, or a visible bad value in that column) are then taken from the spec's
-    # math, which propagates NaN/inf exactly as documented (NaN in, NaN out); this costs nothing unless a
-    # key or value is non-finite.
-    bad_k = ~torch.isfinite(key)  # (..., Tk, D)
-    bad_v = ~torch.isfinite(value)  # (..., Tk, Dv)
-    any_bad = bool(bad_k.any()) or bool(bad_v.any())
-    if any_bad:
-        zero = torch.zeros((), dtype=key.dtype, device=key.device)
-        key = torch.where(bad_k, zero, key)
-        value = torch.where(bad_v, zero, value)
+    seen_any = None
     if visible is not None:
         # a row with no visible key would be softmax over all -inf (NaN in torch): let it see every key
         # for the call, then return zeros (the output is replaced, so its gradient is zero too)
@@ -155,21 +144,45 @@ def torch_sdpa(
                 mask_arg = visible | ~seen_any
             else:
                 mask_arg = torch.where(seen_any, mask_arg, torch.zeros((), dtype=mask_arg.dtype))
-    out = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask_arg, dropout_p=dropout_p, scale=scale
-    )
-    if visible is not None:
+
+    def call(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(
+            query, k, v, attn_mask=mask_arg, dropout_p=dropout_p, scale=scale
+        )
+
+    # NaN/inf in a key or value hidden from some query must not reach it through 0 · NaN (torch SDPA
+    # multiplies every key). Without autograd (e.g. a decode step) one call on the inputs as given
+    # decides: a NaN/inf that took part would make the output non-finite, so a finite output is the
+    # answer and the O(T) scan of the keys and values is skipped. With autograd, a hidden -inf key can
+    # still put 0 · inf into a gradient, so the keys and values are always scanned.
+    needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    out = None
+    if not needs_grad:
+        out = call(key, value)
+        ok = torch.isfinite(out) if seen_any is None else torch.isfinite(out) | ~seen_any
+        if not bool(ok.all()):
+            out = None
+    if out is None:
+        bad_k = ~torch.isfinite(key)  # (..., Tk, D)
+        bad_v = ~torch.isfinite(value)  # (..., Tk, Dv)
+        any_bad = bool(bad_k.any()) or bool(bad_v.any())
+        if any_bad:  # zero them for the fast call ...
+            zero = torch.zeros((), dtype=key.dtype, device=key.device)
+            key = torch.where(bad_k, zero, key)
+            value = torch.where(bad_v, zero, value)
+        out = call(key, value)
+        if any_bad:  # ... and take the entries that really use one from the spec (NaN in, NaN out)
+            vis = visible if visible is not None else torch.ones((), dtype=torch.bool, device=query.device)
+            vis = vis.expand(*batch, q_len, k_len)
+            uses_bad = (vis & bad_k.any(dim=-1)[..., None, :]).any(dim=-1, keepdim=True)  # (..., Tq, 1)
+            uses_bad = uses_bad | ((vis.to(torch.float32) @ bad_v.to(torch.float32)) > 0)  # (..., Tq, Dv)
+            if bool(uses_bad.any()):
+                honest = F.attention_steps(
+                    query_in, key_in, value_in, attn_mask, 0.0, is_causal, scale, enable_gqa=enable_gqa
+                ).context
+                out = torch.where(uses_bad, honest, out)
+    if seen_any is not None:
         out = torch.where(seen_any, out, torch.zeros((), dtype=out.dtype, device=out.device))
-    if any_bad:
-        vis = visible if visible is not None else torch.ones((), dtype=torch.bool, device=query.device)
-        vis = vis.expand(*batch, q_len, k_len)
-        uses_bad = (vis & bad_k.any(dim=-1)[..., None, :]).any(dim=-1, keepdim=True)  # (..., Tq, 1)
-        uses_bad = uses_bad | ((vis.to(torch.float32) @ bad_v.to(torch.float32)) > 0)  # (..., Tq, Dv)
-        if bool(uses_bad.any()):
-            honest = F.attention_steps(
-                query_in, key_in, value_in, attn_mask, 0.0, is_causal, scale, enable_gqa=enable_gqa
-            ).context
-            out = torch.where(uses_bad, honest, out)
     return out
 
 
