@@ -208,3 +208,28 @@ def test_masks_module_against_loops():
         assert torch.equal(masks.causal_mask(tq, tk), visible_mask(tq, tk, is_causal=True))
         for w in (1, 2, 4):
             assert torch.equal(masks.sliding_window_mask(tq, tk, w), visible_mask(tq, tk, window=w))
+
+
+def test_nan_key_seen_by_one_query_does_not_poison_gradients_it_cannot_see():
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    k[0] = float("nan")
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    mask[0, 1:] = False  # query 0 sees only the NaN key 0
+    mask[1:, 0] = False  # nobody else sees key 0
+    q.requires_grad_(), k.requires_grad_(), v.requires_grad_()
+    out = sa.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.isnan(out[0]).all() and torch.isfinite(out[1:]).all()
+    out.sum().backward()
+    assert torch.isfinite(k.grad[1:]).all() and torch.isfinite(v.grad[1:]).all()
+    assert torch.isfinite(q.grad[1:]).all()
+
+
+def test_scale_accepts_numpy_numbers_and_refuses_grad_tensors():
+    import numpy as np
+
+    q = torch.randn(3, 4, dtype=torch.float64)
+    ref = sa.scaled_dot_product_attention(q, q, q, scale=0.5)
+    assert torch.equal(sa.scaled_dot_product_attention(q, q, q, scale=np.float32(0.5)), ref)
+    with pytest.raises(ValueError, match="requires grad"):
+        sa.scaled_dot_product_attention(q, q, q, scale=torch.tensor(0.5, requires_grad=True))

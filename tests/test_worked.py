@@ -139,3 +139,32 @@ def test_check_command_on_user_file_and_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "malformed TOML" in err and "Traceback" not in err
     assert cli.main(["check", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_markup_in_user_text_is_shown_verbatim(tmp_path, capsys):
+    f = tmp_path / "m.toml"
+    f.write_text(
+        'kind = "simple"\ntokens = ["[b]", "x"]\ninputs = [[1.0, 0.0], [0.0, 1.0]]\n'
+        '[[printed]]\nstep = "weights"\nat = [0, 0]\nvalue = "0.73"\ntext = "[bold red]hi[/]"\n',
+        encoding="utf-8",
+    )
+    assert cli.main(["check", str(f)]) == 0
+    out = capsys.readouterr().out
+    assert "[bold red]hi[/]" in out and "[b]" in out
+    bad = tmp_path / "bad.toml"
+    bad.write_text('inputs = [[1.0]]\n[[printed]]\nstep = "weights"\nat = [0]\nvalue = "1"', encoding="utf-8")
+    assert cli.main(["check", str(bad)]) == 2
+    assert "[[printed]] entry 1" in capsys.readouterr().err.replace("\n", " ")
+
+
+def test_overflowing_inputs_and_bad_decimals_are_refused(tmp_path, capsys):
+    f = tmp_path / "o.toml"
+    f.write_text(
+        'kind = "simple"\ninputs = [[1e300, 0.0], [0.0, 1e300]]\n[[printed]]\nstep = "context"\nat = [0, 0]\n'
+        'value = "1.0"\n',
+        encoding="utf-8",
+    )
+    assert cli.main(["check", str(f)]) == 2
+    captured = capsys.readouterr()
+    assert "not finite" in captured.err and captured.out == ""
+    assert cli.main(["check", "journey", "--decimals", "-1"]) == 2

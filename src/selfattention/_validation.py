@@ -8,6 +8,7 @@ stack trace from deep inside torch or a silent NaN.
 from __future__ import annotations
 
 import math
+import numbers
 import warnings
 
 import torch
@@ -166,8 +167,13 @@ def resolve_scale(scale: float | None, head_dim: int) -> float:
     if isinstance(scale, torch.Tensor):
         if scale.numel() != 1:
             raise ValueError(f"scale must be a number, got a tensor of shape {_fmt(scale.shape)}")
+        if scale.requires_grad:
+            raise ValueError(
+                "scale is a tensor that requires grad; it is used as a plain number and would get no "
+                "gradient. Multiply the query by a learnable scale instead"
+            )
         scale = scale.item()
-    if isinstance(scale, bool) or not isinstance(scale, int | float):
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a float or None, got {type(scale).__name__}")
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 import typer
+from rich.markup import escape
 
 from .commands import UsageError, err_console
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except (UsageError, ValueError, TypeError, OSError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        err_console.print(f"[bold red]error:[/bold red] {msg}", highlight=False)
+        err_console.print(f"[bold red]error:[/bold red] {escape(str(msg))}", highlight=False)
         return 2
     except Exception as e:  # click's own usage errors (bad option values, unknown options)
         # typer >= 0.2x vendors click as ``typer._click``: its exceptions are not ``click``'s, so match

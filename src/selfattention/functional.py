@@ -197,6 +197,10 @@ def attention_steps(
         exp = torch.exp(masked_scores - row_max)
         denom = exp.sum(dim=-1, keepdim=True)
         weights = exp / torch.where(denom == 0, torch.ones_like(denom), denom)
+        if visible is not None:
+            # a NaN score in a visible key makes its whole row NaN through the max and the sum; hidden keys
+            # still get weight exactly 0, so no NaN reaches the gradients of keys/values the row cannot see
+            weights = torch.where(visible, weights, torch.zeros((), dtype=acc, device=q.device))
 
     used = weights
     if dropout_p > 0.0 and training:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from . import _hooks
@@ -142,7 +143,9 @@ def matrix_table(
     """A 2-D tensor as a rich Table with optional row/column labels."""
     if m.dim() == 1:
         m = m[None, :]
-    table = Table(title=title, title_justify="left", show_header=True, box=box.SIMPLE_HEAD, padding=(0, 1))
+    table = Table(
+        title=escape(title), title_justify="left", show_header=True, box=box.SIMPLE_HEAD, padding=(0, 1)
+    )
     table.add_column("", style="bold")
     n_cols = m.shape[-1]
     for j in range(n_cols):
@@ -150,7 +153,7 @@ def matrix_table(
             str(col_labels[j]) if col_labels and j < len(col_labels) else f"[{j}]", justify="right"
         )
     for i, row in enumerate(m.tolist()):
-        label = str(row_labels[i]) if row_labels and i < len(row_labels) else f"[{i}]"
+        label = escape(str(row_labels[i])) if row_labels and i < len(row_labels) else f"\\[{i}]"
         table.add_row(label, *(_fmt(v, decimals) for v in row))
     return table
 

@@ -166,8 +166,16 @@ class WorkedExample:
         }
 
     def check(self) -> list[CheckResult]:
-        """Recompute every printed number; one :class:`CheckResult` each, in file order."""
+        """Recompute every printed number; one :class:`CheckResult` each, in file order.
+
+        Raises :class:`WorkedExampleError` if a step is not finite (inputs that overflow float64)."""
         vals = self.values()
+        for name in ("scores", "weights", "context", *{n.step for n in self.printed}):
+            if not bool(torch.isfinite(vals[name]).all()):
+                raise WorkedExampleError(
+                    f"{self._where()}: step {name!r} is not finite in float64 (the inputs or projections "
+                    "are too large: their products overflow); use smaller numbers"
+                )
         out = []
         for n in self.printed:
             t = vals[n.step]

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from ..worked import load_example
-from . import console
+from . import UsageError, console
 from .demo import show_example
 
 
@@ -21,6 +22,8 @@ def check(
     """Recompute each printed number of a worked example: ok / within rounding / wrong.
 
     See the README section "Worked-example checker" for the file format."""
+    if not 0 <= decimals <= 12:
+        raise UsageError(f"--decimals must be between 0 and 12, got {decimals}")
     total_wrong = 0
     for f in files:
         example = load_example(f)
@@ -28,7 +31,7 @@ def check(
         total_wrong += wrong
         n = len(example.printed)
         status = f"[red]{wrong} wrong[/red]" if wrong else "[green]no wrong numbers[/green]"
-        console.print(f"{f}: {n} printed numbers checked, {status}")
+        console.print(f"{escape(str(f))}: {n} printed numbers checked, {status}")
     if strict and total_wrong:
         raise typer.Exit(1)
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import typer
 from rich.columns import Columns
+from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
 from ..trace import matrix_table
-from ..worked import OK, WITHIN, WorkedExample, list_examples, load_example
+from ..worked import OK, WITHIN, CheckResult, WorkedExample, list_examples, load_example
 from . import UsageError, console
 
 _STYLE = {OK: "green", WITHIN: "yellow", "wrong": "bold red"}
@@ -26,7 +27,7 @@ _STEP_TITLES = [
 ]
 
 
-def check_table(example: WorkedExample) -> tuple[Table, int]:
+def check_table(example: WorkedExample, results: list[CheckResult] | None = None) -> tuple[Table, int]:
     """The printed-vs-exact table of an example and the number of wrong values."""
     table = Table(title="every number the text prints, recomputed", title_justify="left")
     for col, just in (("what the text says", "left"), ("step[at]", "left"), ("printed", "right")):
@@ -34,13 +35,13 @@ def check_table(example: WorkedExample) -> tuple[Table, int]:
     for col in ("exact", "error", "verdict"):
         table.add_column(col, justify="right")
     wrong = 0
-    for r in example.check():
+    for r in example.check() if results is None else results:
         n = r.number
         style = _STYLE.get(r.status, "")
         wrong += r.status == "wrong"
         at = f"[{', '.join(map(str, n.at))}]" if n.at else ""
         table.add_row(
-            n.text,
+            escape(n.text),
             f"{n.step}{at}",
             f"{n.printed:.{n.decimals}f}",
             f"{r.exact:.{n.decimals + 3}f}",
@@ -52,9 +53,10 @@ def check_table(example: WorkedExample) -> tuple[Table, int]:
 
 def show_example(example: WorkedExample, decimals: int = 4) -> int:
     """Print an example's steps and checks; returns the number of wrong printed values."""
-    console.rule(f"[bold]{example.title}")
+    results = example.check()  # raises before anything is printed if the example cannot be computed
+    console.rule(f"[bold]{escape(example.title)}")
     if example.source:
-        console.print(f"[dim]source: {example.source}[/dim]")
+        console.print(f"[dim]source: {escape(example.source)}[/dim]")
     vals = example.values()
     simple = example.kind == "simple"
     if simple:
@@ -78,8 +80,10 @@ def show_example(example: WorkedExample, decimals: int = 4) -> int:
         vname = "x" if simple else "v"
         terms = " + ".join(f"{float(w[j]):.4f}·{vname}({labels[j]})" for j in range(len(labels)))
         vec = ", ".join(f"{float(c):.4f}" for c in ctx)
-        console.print(f"[bold]context vector of {labels[focus]!r}[/bold]: z = {terms} = [{vec}]")
-    table, wrong = check_table(example)
+        console.print(
+            f"[bold]context vector of {escape(repr(labels[focus]))}[/bold]: z = {escape(terms)} = \\[{vec}]"
+        )
+    table, wrong = check_table(example, results)
     console.print(table)
     return wrong
 
