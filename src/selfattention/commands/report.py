@@ -7,6 +7,7 @@ selfattention report --example journey --out journey.html
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -71,8 +72,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(
                 'give exactly one of TEXT, --file PATH or --example NAME (e.g. report "Hello world")'
             )
-        if exact_mb <= 0:
-            raise UsageError(f"--exact-mb must be > 0, got {exact_mb}")
+        if not math.isfinite(exact_mb) or exact_mb <= 0:
+            raise UsageError(f"--exact-mb must be a finite number > 0, got {exact_mb}")
         if out.exists() and out.is_dir():
             raise UsageError(f"--out {out} is a directory; give a file name such as {out / 'report.html'}")
         try:
@@ -82,7 +83,7 @@ def register(app: typer.Typer) -> None:
         start = time.perf_counter()
 
         if example is not None:
-            from ..worked import list_examples, load_example
+            from ..worked import load_example
 
             if head is not None:
                 raise UsageError(
@@ -90,8 +91,9 @@ def register(app: typer.Typer) -> None:
                 )
             try:
                 ex = load_example(example)
+                ex.check()  # refuses examples whose steps are not finite
             except ValueError as e:
-                raise UsageError(f"{e} (shipped examples: {', '.join(list_examples())})") from None
+                raise UsageError(str(e)) from None
             payload = example_report(ex)
             if token is not None:
                 if not 0 <= token < len(ex.tokens):
@@ -100,6 +102,8 @@ def register(app: typer.Typer) -> None:
             what = f"worked example “{ex.name}” ({len(ex.tokens)} tokens)"
         else:
             if file is not None:
+                if file.is_dir():
+                    raise UsageError(f"--file {file} is a directory; give a text file")
                 if not file.is_file():
                     raise UsageError(f"--file {file}: no such file")
                 try:
