@@ -23,12 +23,12 @@ demo: $(STAMP)
 	$(VENV)/bin/selfattention explain
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format src tests benchmarks
-	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks examples
+	$(VENV)/bin/ruff check --fix src tests benchmarks examples
 
 test: lint
 	$(PY) -m pytest
