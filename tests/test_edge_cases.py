@@ -151,6 +151,18 @@ def c_polarity_true_means_attend(g):  # hidden keys carry huge values: any leak 
     return _plain(q, k, v, attn_mask=mask)
 
 
+def c_key_padding_1d_on_4d(g):  # a (Tk,) mask on (B, H, T, D) inputs (torch's fused kernel needs 2-D)
+    q, k, v = _randn(g, 2, 3, 4, 5), _randn(g, 2, 3, 6, 5), _randn(g, 2, 3, 6, 5)
+    return _plain(q, k, v, attn_mask=torch.tensor([True, True, False, True, False, True]))
+
+
+def c_scalar_float_mask(g):  # a 0-d float mask: a constant added to every score changes nothing
+    q, k, v = _randn(g, 1, 2, 4, 5), _randn(g, 1, 2, 6, 5), _randn(g, 1, 2, 6, 5)
+    kw, expected, nan_rows = _plain(q, k, v, attn_mask=torch.tensor(3.5))
+    assert torch.allclose(expected, _oracle(q, k, v))
+    return kw, expected, nan_rows
+
+
 def c_gqa(g):
     q, k, v = _randn(g, 2, 6, 7, 10), _randn(g, 2, 2, 9, 10), _randn(g, 2, 2, 9, 10)
     return _plain(q, k, v, enable_gqa=True, is_causal=True)
@@ -351,6 +363,8 @@ CASES = [
     Case("single_token", c_single_token),
     Case("one_visible_key", c_one_visible_key),
     Case("bool_True_means_attend", c_polarity_true_means_attend),
+    Case("key_padding_1d_mask_on_4d", c_key_padding_1d_on_4d),
+    Case("scalar_float_mask", c_scalar_float_mask),
     Case("gqa", c_gqa),
     Case("broadcast_batch", c_broadcast_batch),
     Case("unbatched_2d", c_unbatched_2d),

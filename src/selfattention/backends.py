@@ -132,6 +132,8 @@ def torch_sdpa(
             if attn_mask is None or attn_mask.dtype == torch.bool
             else torch.where(visible, attn_mask, torch.full((), float("-inf"), dtype=attn_mask.dtype))
         )
+    if mask_arg is not None and mask_arg.dim() < 2:
+        mask_arg = mask_arg.expand(q_len, k_len)  # torch SDPA's fused kernels index dim -2 of the mask
     seen_any = None
     if visible is not None:
         # a row with no visible key would be softmax over all -inf (NaN in torch): let it see every key
