@@ -222,3 +222,26 @@ def test_bad_arguments():
         sd.unshard_sequence([torch.zeros(3, 1), torch.zeros(1, 1)], "zigzag")
     with pytest.raises(RuntimeError, match="not initialised"):
         sd.ring_attention(torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.zeros(1, 2, 4))
+
+
+def test_cli_ring_runs_two_processes_and_matches_the_spec(capsys):
+    from selfattention.cli import main
+
+    argv = ["ring", "-n", "2", "--seq-len", "9", "--heads", "1", "--head-dim", "5", "--causal"]
+    assert main([*argv, "--layout", "zigzag", "--block-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "max |ring − single process|" in out and "out " in out
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["-n", "0"], "--world-size must be between 1 and 64"),
+        (["--layout", "striped"], "--layout must be one of"),
+    ],
+)
+def test_cli_ring_usage_errors(argv, message, capsys):
+    from selfattention.cli import main
+
+    assert main(["ring", *argv]) == 2
+    assert message in capsys.readouterr().err

@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "lesson",
     "bench",
     "fuzz",
+    "ring",
 ]
 
 app = typer.Typer(

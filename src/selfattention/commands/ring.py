@@ -1,0 +1,141 @@
+"""``selfattention ring``: ring attention on N local processes (gloo, 127.0.0.1), checked against the spec.
+
+Spawns ``--world-size`` processes on this machine, gives each its slice of one random sequence, runs
+:func:`selfattention.distributed.ring_attention` forward and backward, and prints per rank the rows it
+holds, the bytes it sent, the tiles it computed and skipped, and the largest difference of the
+reassembled output and gradients from single-process attention (float64 spec). For several machines use
+``torchrun`` with ``examples/ring_attention.py`` (see the README).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+
+import typer
+from rich.table import Table
+
+from . import UsageError, console
+
+
+def _worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None:
+    import torch
+
+    from .. import distributed as sd
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sd.init_distributed("gloo", timeout=cfg["timeout"], rank=rank, world_size=world)
+    try:
+        g = torch.Generator().manual_seed(0)  # the same global sequence on every rank
+        shape = (1, cfg["heads"], cfg["seq_len"], cfg["head_dim"])
+        full = [torch.randn(shape, generator=g) for _ in range(4)]
+        q, k, v, grad = (sd.shard_sequence(t, world, rank, cfg["layout"]) for t in full)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        stats = sd.RingStats()
+        t0 = time.perf_counter()
+        out = sd.ring_attention(
+            q, k, v, is_causal=cfg["causal"], layout=cfg["layout"], block_size=cfg["block_size"], stats=stats
+        )
+        out.backward(grad)
+        seconds = time.perf_counter() - t0
+        torch.save(
+            {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "stats": stats, "s": seconds},
+            os.path.join(outdir, f"{rank}.pt"),
+        )
+    finally:
+        sd.dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("ring")
+    def ring(
+        world_size: int = typer.Option(2, "--world-size", "-n", help="processes (ranks) on this machine"),
+        seq_len: int = typer.Option(1000, "--seq-len", help="global sequence length T (need not divide N)"),
+        heads: int = typer.Option(4, "--heads"),
+        head_dim: int = typer.Option(64, "--head-dim"),
+        causal: bool = typer.Option(False, "--causal"),
+        layout: str = typer.Option("contiguous", "--layout", help="contiguous or zigzag"),
+        block_size: int = typer.Option(256, "--block-size", help="tile rows inside a rank"),
+        timeout: float = typer.Option(60.0, "--timeout", help="seconds to wait for the ranks to join"),
+    ) -> None:
+        """Ring (sequence-parallel) attention on N local processes, checked against one process."""
+        import torch
+        import torch.multiprocessing as mp
+
+        from .. import distributed as sd
+        from ..functional import scaled_dot_product_attention
+
+        if not 1 <= world_size <= 64:
+            raise UsageError(f"--world-size must be between 1 and 64, got {world_size}")
+        for name, value in (("--seq-len", seq_len), ("--heads", heads), ("--head-dim", head_dim)):
+            if value < 1:
+                raise UsageError(f"{name} must be at least 1, got {value}")
+        if seq_len > 8192:
+            raise UsageError(
+                f"--seq-len {seq_len}: the check needs the whole sequence in one process; use ≤ 8192"
+            )
+        if layout not in sd.LAYOUTS:
+            raise UsageError(f"--layout must be one of {', '.join(sd.LAYOUTS)}, got {layout!r}")
+        if block_size < 1 or timeout <= 0:
+            raise UsageError("--block-size and --timeout must be positive")
+        cfg = dict(
+            seq_len=seq_len,
+            heads=heads,
+            head_dim=head_dim,
+            causal=causal,
+            layout=layout,
+            block_size=block_size,
+            timeout=timeout,
+        )
+        with tempfile.TemporaryDirectory() as d:
+            with console.status(f"ring attention on {world_size} process(es) …"):
+                mp.spawn(_worker, args=(world_size, _free_port(), cfg, d), nprocs=world_size, join=True)
+            parts = [torch.load(os.path.join(d, f"{r}.pt"), weights_only=False) for r in range(world_size)]
+
+        g = torch.Generator().manual_seed(0)
+        shape = (1, heads, seq_len, head_dim)
+        q, k, v, grad = (torch.randn(shape, generator=g).double() for _ in range(4))
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        ref = scaled_dot_product_attention(q, k, v, is_causal=causal)
+        ref.backward(grad)
+        err = {}
+        for key, want in (("out", ref.detach()), ("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+            got = sd.unshard_sequence([p[key] for p in parts], layout).double()
+            err[key] = (got - want).abs().max().item()
+
+        table = Table(
+            title=f"ring attention, T={seq_len}, H={heads}, D={head_dim}, causal={causal}, {layout}"
+        )
+        for col in ("rank", "rows", "first positions", "sent MiB", "messages", "tiles computed", "skipped"):
+            table.add_column(col, justify="right")
+        table.add_column("fwd+bwd s", justify="right")
+        for r, p in enumerate(parts):
+            pos = sd.sequence_positions(seq_len, world_size, r, layout)
+            st = p["stats"]
+            table.add_row(
+                str(r),
+                str(len(pos)),
+                " ".join(map(str, pos[:3].tolist())) + (" …" if len(pos) > 3 else ""),
+                f"{st.bytes_sent / 2**20:.3f}",
+                str(st.messages),
+                str(st.tiles_computed),
+                str(st.tiles_skipped),
+                f"{p['s']:.3f}",
+            )
+        console.print(table)
+        console.print(
+            "max |ring − single process| (float32 vs float64 spec): "
+            + ", ".join(f"{k} {v:.1e}" for k, v in err.items()),
+            highlight=False,
+        )
+        if max(err.values()) > 1e-4:
+            raise typer.Exit(1)
