@@ -148,25 +148,6 @@ def test_generate_bad_checkpoints(tmp_path, capsys):
     assert code == 2 and "Traceback" not in out + err
 
 
-@needs("train")
-def test_train_unwritable_checkpoint(capsys):
-    assert_usage_error(
-        *run(
-            [
-                "train",
-                "--checkpoint",
-                f"{UNWRITABLE_DIR}/d.safetensors",
-                "--steps",
-                "1",
-                "--max-seconds",
-                "1",
-            ],
-            capsys,
-        ),
-        r"proc|write|create|checkpoint",
-    )
-
-
 def test_unknown_command_and_option(capsys):
     code, out, err = run(["no-such-command"], capsys)
     assert code == 2 and "Traceback" not in out + err
