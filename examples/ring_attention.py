@@ -28,7 +28,9 @@ from selfattention import distributed as sd
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--seq-len", type=int, default=1000, help="global sequence length T (need not divide N)")
+    ap.add_argument(
+        "--seq-len", type=int, default=1000, help="global sequence length T (need not be a multiple of N)"
+    )
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=64)

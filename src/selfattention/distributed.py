@@ -205,7 +205,7 @@ def shard_sequence(
         x: any tensor; ``dim`` is the sequence dim (``-2`` for the (B, H, T, D) layout).
         world_size, rank: the number of ranks and which one.
         layout: ``"contiguous"`` (rank r: the r-th of N slices) or ``"zigzag"`` (chunks r and 2N-1-r of
-            2N); slices as :func:`torch.tensor_split`, so T need not divide.
+            2N); slices as :func:`torch.tensor_split`, so T need not be a multiple of N.
 
     >>> x = torch.arange(10).reshape(10, 1)
     >>> shard_sequence(x, 2, 0, "zigzag").flatten()

@@ -59,7 +59,9 @@ def register(app: typer.Typer) -> None:
     @app.command("ring")
     def ring(
         world_size: int = typer.Option(2, "--world-size", "-n", help="processes (ranks) on this machine"),
-        seq_len: int = typer.Option(1000, "--seq-len", help="global sequence length T (need not divide N)"),
+        seq_len: int = typer.Option(
+            1000, "--seq-len", help="global sequence length T (need not be a multiple of N)"
+        ),
         heads: int = typer.Option(4, "--heads"),
         head_dim: int = typer.Option(64, "--head-dim"),
         causal: bool = typer.Option(False, "--causal"),
