@@ -175,17 +175,13 @@ def test_empty_sequences_are_defined_not_refused():
         assert out.shape == (2, 5, 3) and not out.any()
 
 
-def test_meta_device_inputs_all_on_meta_give_shapes_or_a_clear_error():
-    """Everything on the meta device: either the shape comes back, or a clear error (never a crash deep
-    inside). The reference path computes shapes on meta."""
+def test_meta_device_inputs_all_on_meta_get_a_clear_error():
+    """Everything on the meta device (shapes, no values): a clear ValueError, not torch's RuntimeError
+    from deep inside ("Tensor.item() cannot be called on meta tensors")."""
     q, k, v = t(2, 5, 8, device="meta"), t(2, 7, 8, device="meta"), t(2, 7, 6, device="meta")
     for backend in BACKENDS:
-        try:
-            out = get_backend(backend)(q, k, v)
-        except (ValueError, TypeError, NotImplementedError, RuntimeError) as e:
-            assert "meta" in str(e).lower() or "data" in str(e).lower(), f"{backend}: unclear error {e!r}"
-        else:
-            assert out.shape == (2, 5, 6) and out.device.type == "meta"
+        with pytest.raises(ValueError, match="meta device"):
+            get_backend(backend)(q, k, v)
 
 
 # --------------------------------------------------------------------------------- other public functions

@@ -69,6 +69,11 @@ def check_qkv(
             "query, key and value must be on the same device, got "
             f"query on {query.device}, key on {key.device}, value on {value.device}"
         )
+    if query.device.type == "meta":
+        raise ValueError(
+            "query, key and value are on the meta device, which holds shapes but no values; attention "
+            "looks at the values (masks, NaN checks), so move them to a real device"
+        )
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() < 2:
             raise ValueError(f"{name} must have at least 2 dims (..., T, D), got shape {_fmt(t.shape)}")
