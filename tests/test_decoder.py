@@ -196,3 +196,21 @@ def test_generate_command_both_ways(tmp_path, capsys):
     (tmp_path / "bad.json").write_text(json.dumps(json.loads((tmp_path / "m.json").read_text())))
     assert main(["generate", "--checkpoint", str(tmp_path / "bad.safetensors")]) == 2
     assert "not a readable safetensors file" in capsys.readouterr().err
+
+
+def test_generate_prints_the_prompt_bold_and_user_text_verbatim(tmp_path, monkeypatch):
+    """Review fix: no literal '[bold]' markup in the output; a prompt with '[b]' is shown as typed."""
+    from rich.console import Console
+
+    import selfattention.commands.generate as gen_cmd
+
+    rec = Console(record=True, force_terminal=True, color_system="standard", width=200)
+    monkeypatch.setattr(gen_cmd, "console", rec)
+    model = _tiny(seed=6, vocab_size=15)
+    path, _ = save_checkpoint(model, CharTokenizer("abcdefghijkl []"), tmp_path / "m.safetensors")
+    assert main(["generate", "-p", "[b]ab", "-n", "5", "--checkpoint", str(path)]) == 0
+    ansi = rec.export_text(styles=True, clear=False)
+    plain = rec.export_text()
+    first = plain.splitlines()[0]
+    assert first.startswith("[b]ab") and len(first) == 5 + 5 and "[bold]" not in plain
+    assert "\x1b[1m[b]ab\x1b[0m" in ansi  # the prompt, bold, verbatim; the continuation after it plain

@@ -194,3 +194,44 @@ def test_bad_updates_give_clear_errors():
     with pytest.raises(ValueError, match="capacity must be a positive int"):
         KVCache(1, 1, 4, 0)
     assert cache.offset == 0  # failed updates changed nothing
+
+
+# ----------------------------------------------------------------------------- autograd (review fix)
+def test_cache_buffers_stay_out_of_the_autograd_graph():
+    """Decoding WITHOUT torch.no_grad(): the buffers must not require grad nor hold a grad_fn (each step's
+    graph would otherwise be kept alive by the next: a memory leak in generation loops)."""
+    mha = _model(H=4, Hkv=2)
+    for window, capacity, chunks in ((None, 16, (3, 1, 1, 2)), (2, 2, (3, 1, 1))):  # 2nd: chunk > window
+        cache = mha.new_cache(1, capacity, window=window)
+        for n in chunks:
+            out, _ = mha(torch.randn(1, n, E), kv_cache=cache)
+            assert out.requires_grad  # the parameters are live
+            for buf in (cache.key, cache.value):
+                assert not buf.requires_grad and buf.grad_fn is None
+
+
+def test_backward_through_cached_chunks_differentiates_each_chunk_with_the_past_constant():
+    """Training mode, two cached calls, one backward: works (no in-place error) and gives the documented
+    gradients: w.r.t. the chunk's own input exactly as the uncached model; the cached past is a constant."""
+    mha = _model(H=4, Hkv=2).train()  # dropout 0: train mode changes nothing else
+    torch.manual_seed(1)
+    x1 = torch.randn(1, 3, E, requires_grad=True)
+    x2 = torch.randn(1, 2, E, requires_grad=True)
+    cache = mha.new_cache(1, 8)
+    o1, _ = mha(x1, kv_cache=cache)
+    o2, _ = mha(x2, kv_cache=cache)
+    g = torch.randn(1, 5, E)
+    ((o1 * g[:, :3]).sum() + (o2 * g[:, 3:]).sum()).backward()
+
+    # Oracle: the uncached model. d/dx2 of the cached loss = d/dx2 of the full-sequence loss (x1 does not
+    # depend on x2). d/dx1 of the cached loss = d/dx1 of chunk 1's part only (the past is constant for o2).
+    y1 = x1.detach().clone().requires_grad_(True)
+    y2 = x2.detach().clone().requires_grad_(True)
+    full, _ = mha(torch.cat([y1, y2], dim=1), is_causal=True)
+    torch.testing.assert_close(torch.cat([o1, o2], 1), full, atol=1e-5, rtol=1e-5)
+    (gx2,) = torch.autograd.grad((full * g).sum(), y2)
+    torch.testing.assert_close(x2.grad, gx2, atol=1e-5, rtol=1e-5)
+    z1 = x1.detach().clone().requires_grad_(True)
+    (gx1,) = torch.autograd.grad((mha(z1, is_causal=True)[0] * g[:, :3]).sum(), z1)
+    torch.testing.assert_close(x1.grad, gx1, atol=1e-5, rtol=1e-5)
+    assert not cache.key.requires_grad

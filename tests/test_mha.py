@@ -210,8 +210,12 @@ def test_bad_arguments_give_clear_errors():
     with pytest.raises(ValueError, match="multiple of num_kv_heads"):
         MultiHeadAttention(12, 4, num_kv_heads=3)
     mha = MultiHeadAttention(8, 2)
-    with pytest.raises(ValueError, match=r"query must have shape \(B, T, 8\), got \(2, 3, 7\)"):
+    with pytest.raises(ValueError, match=r"query has 7 features \(last dim of \(2, 3, 7\)\)"):
         mha(torch.randn(2, 3, 7))
+    with pytest.raises(
+        ValueError, match=r"query must have shape \(B, T, 8\) or \(T, 8\), got \(3, 8, 1, 1\)"
+    ):
+        mha(torch.randn(3, 8, 1, 1))
     with pytest.raises(TypeError, match="floating"):
         mha(torch.ones(2, 3, 8, dtype=torch.long))
     with pytest.raises(ValueError, match=r"key_padding_mask must have shape \(B, Tk\) = \(2, 3\)"):
@@ -232,3 +236,38 @@ def test_inputs_not_modified():
     x0, kpm0 = x.clone(), kpm.clone()
     mha(x, key_padding_mask=kpm, is_causal=True)
     assert torch.equal(x, x0) and torch.equal(kpm, kpm0)
+
+
+# ------------------------------------------------------------------ argument checks (review fixes)
+@pytest.mark.parametrize("name,bad", [("is_causal", "False"), ("is_causal", 0), ("need_weights", 1)])
+def test_flags_must_be_real_bools(name, bad):
+    mha = MultiHeadAttention(16, 4)
+    with pytest.raises(TypeError, match=f"{name} must be a bool, got {type(bad).__name__}"):
+        mha(torch.randn(1, 3, 16), **{name: bad})
+
+
+def test_input_dtype_must_match_the_parameters():
+    mha = MultiHeadAttention(16, 4)
+    x64 = torch.randn(1, 3, 16, dtype=torch.float64)
+    with pytest.raises(
+        TypeError, match=r"query has dtype torch.float64 .* parameters are torch.float32.*double"
+    ):
+        mha(x64)
+    with pytest.raises(TypeError, match="key has dtype torch.float64"):
+        mha(torch.randn(1, 3, 16), x64, x64)
+    out64, _ = mha.double()(x64)  # the suggested fix works
+    assert out64.dtype == torch.float64
+    with pytest.raises(TypeError, match="query must be a floating-point tensor, got dtype torch.int64"):
+        MultiHeadAttention(16, 4)(torch.ones(1, 3, 16, dtype=torch.long))
+
+
+def test_feature_size_mismatch_names_the_module_size():
+    mha = MultiHeadAttention(16, 4, kdim=6, vdim=7)
+    q, k, v = torch.randn(1, 3, 16), torch.randn(1, 5, 6), torch.randn(1, 5, 7)
+    with pytest.raises(ValueError, match=r"query has 15 features .* embed_dim is 16"):
+        mha(torch.randn(1, 3, 15), k, v)
+    with pytest.raises(ValueError, match=r"key has 7 features .* kdim is 6"):
+        mha(q, v, v)
+    with pytest.raises(ValueError, match=r"value has 6 features .* vdim is 7"):
+        mha(q, k, k)
+    assert mha(q, k, v)[0].shape == (1, 3, 16)

@@ -210,11 +210,19 @@ class KVCache:
 
         Returns:
             ``(keys, values, attn_mask)``: keys (B, Hkv, Tk, D) and values (B, Hkv, Tk, Dv) are the kept
-            past followed by the new tokens (views of the buffers, valid until the next update); the
-            new tokens are the last Tq of the Tk. ``attn_mask`` is bool, True = attend, of shape
+            past followed by the new tokens (views of the buffers, valid until the next update, or new
+            tensors when the new keys/values require grad); the new tokens are the last Tq of the Tk. ``attn_mask`` is bool, True = attend, of shape
             (Tq, Tk) — or (B, 1, Tq, Tk) when padding is present — placing query i at position
             ``offset + i`` (causal, and inside the window if any). It is ``None`` when every key is
             visible (one new token, no window, no padding).
+
+        Autograd: the cache stores ``key.detach()`` / ``value.detach()``, so the buffers never require
+        grad and no graph outlives the call (decoding without ``torch.no_grad()`` does not leak memory).
+        When grad is enabled and ``key``/``value`` require grad, the returned keys/values are
+        ``cat(cached (constants), key/value (live))``: the output of this call is differentiable with
+        respect to its own new tokens, while keys/values cached by earlier calls are constants (their
+        gradient flows only through the call that produced them). Training on full sequences should not
+        use a cache.
 
         Raises:
             CacheCapacityError: without a window, when ``offset + Tq > capacity``; the cache is unchanged.
@@ -244,15 +252,23 @@ class KVCache:
         if real_new is not None and not bool(real_new.all()):
             self._padded = True
 
+        # The buffers hold DETACHED keys/values: a cache is state, not part of any autograd graph, so
+        # no step's graph is kept alive by the next one. The keys/values passed in keep their gradient
+        # in what this call returns (see the docstring).
+        live = torch.is_grad_enabled() and (key.requires_grad or value.requires_grad)
         if total <= self.capacity:
-            self.key[:, :, past:total] = key
-            self.value[:, :, past:total] = value
+            self.key[:, :, past:total] = key.detach()
+            self.value[:, :, past:total] = value.detach()
             if real_new is not None:
                 self.real[:, past:total] = real_new
             else:
                 self.real[:, past:total] = True
-            keys = self.key[:, :, :total]  # (B, Hkv, Tk, D), a view
-            values = self.value[:, :, :total]
+            if live:  # [detached past ∪ live new]: new memory, differentiable w.r.t. this call's keys
+                keys = torch.cat([self.key[:, :, :past], key], dim=2)
+                values = torch.cat([self.value[:, :, :past], value], dim=2)
+            else:
+                keys = self.key[:, :, :total]  # (B, Hkv, Tk, D), a view
+                values = self.value[:, :, :total]
             real = self.real[:, :total]
             self._stored = total
         else:
@@ -264,8 +280,8 @@ class KVCache:
             real = torch.cat([self.real[:, :past], new_real], dim=1)  # (B, Tk)
             keep = min(window - 1, total) if window is not None else 0
             if keep > 0:
-                self.key[:, :, :keep] = keys[:, :, total - keep :]
-                self.value[:, :, :keep] = values[:, :, total - keep :]
+                self.key[:, :, :keep] = keys[:, :, total - keep :].detach()
+                self.value[:, :, :keep] = values[:, :, total - keep :].detach()
                 self.real[:, :keep] = real[:, total - keep :]
             self._stored = keep
 

@@ -25,7 +25,7 @@ from torch import nn
 
 from . import _hooks
 from . import functional as F
-from ._validation import check_dropout, check_positive_int
+from ._validation import check_bool, check_dropout, check_positive_int
 from .kv_cache import KVCache
 
 __all__ = ["MultiHeadAttention", "merge_masks"]
@@ -92,7 +92,9 @@ class MultiHeadAttention(nn.Module):
     * ``kv_cache``: a :class:`~selfattention.kv_cache.KVCache` for self-attention decoding. The new
       keys/values are appended and the queries attend over [cache ∪ new], causally at their true
       positions (``kv_cache.offset`` before the call), inside the cache's window if it has one.
-      ``is_causal`` is implied.
+      ``is_causal`` is implied. The cache stores detached keys/values: with autograd on, the output is
+      differentiable w.r.t. this call's own tokens, the cached past is constant, and no graph is kept
+      across steps (see :meth:`KVCache.update <selfattention.kv_cache.KVCache.update>`).
     * ``need_weights``: also return the attention weights (B, H, Tq, Tk), float32 at least, per head
       (torch MHA averages over heads by default; average yourself with ``weights.mean(1)``). This call
       then runs the reference path. Otherwise ``weights`` is ``None``.
@@ -106,7 +108,9 @@ class MultiHeadAttention(nn.Module):
 
     Raises:
         TypeError/ValueError: sizes that do not divide, inputs of the wrong rank/size/dtype (naming the
-        argument and its shape), a cache whose heads/head_dim differ from the module's, cross-attention
+        argument and its shape; a dtype other than the parameters' is a TypeError, e.g. float64 input
+        on a float32 module: call ``module.double()``), ``is_causal``/``need_weights`` that are not a
+        bool, a cache whose heads/head_dim differ from the module's, cross-attention
         inputs together with a cache.
 
     Differences from ``torch.nn.MultiheadAttention``: batch first only; bool masks mean True = attend and
@@ -187,13 +191,33 @@ class MultiHeadAttention(nn.Module):
         )
 
     # ------------------------------------------------------------------ checks
-    def _check_input(self, name: str, t: object, features: int) -> torch.Tensor:
+    def _check_input(self, name: str, t: object, features: int, feature_name: str) -> torch.Tensor:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if not t.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-        if t.dim() != 3 or t.shape[-1] != features:
-            raise ValueError(f"{name} must have shape (B, T, {features}), got {_fmt(t.shape)}")
+            raise TypeError(
+                f"{name} must be a floating-point tensor, got dtype {t.dtype}; token ids go through an "
+                "nn.Embedding first, other integer data needs .float()"
+            )
+        if t.dim() != 3:
+            raise ValueError(
+                f"{name} must have shape (B, T, {features}) or (T, {features}), got {_fmt(t.shape)}"
+            )
+        if t.shape[-1] != features:
+            raise ValueError(
+                f"{name} has {t.shape[-1]} features (last dim of {_fmt(t.shape)}) but this module's "
+                f"{feature_name} is {features}"
+            )
+        w = self.q_proj.weight
+        if t.dtype != w.dtype and not torch.is_autocast_enabled(t.device.type):
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but this module's parameters are {w.dtype}; convert one of "
+                f"them: {name}.to({w.dtype}) or module.to({t.dtype}) (e.g. module.double() for float64)"
+            )
+        if t.device != w.device:
+            raise ValueError(
+                f"{name} is on {t.device} but this module's parameters are on {w.device}; move one of them"
+            )
         return t
 
     def _padding(self, kpm: torch.Tensor | None, batch: int, k_len: int) -> torch.Tensor | None:
@@ -235,6 +259,8 @@ class MultiHeadAttention(nn.Module):
         kv_cache: KVCache | None = None,
         need_weights: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        check_bool("is_causal", is_causal)
+        check_bool("need_weights", need_weights)
         unbatched = isinstance(query, torch.Tensor) and query.dim() == 2
         if unbatched:
             query = query.unsqueeze(0)
@@ -242,7 +268,7 @@ class MultiHeadAttention(nn.Module):
             value = None if value is None else value.unsqueeze(0)
             if key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
-        self._check_input("query", query, self.embed_dim)
+        self._check_input("query", query, self.embed_dim, "embed_dim")
         self_attention = key is None and value is None
         if kv_cache is not None and not self_attention:
             raise ValueError("kv_cache is for self-attention: pass key=None and value=None with a cache")
@@ -257,8 +283,8 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("value given without key")
         elif value is None:
             value = key
-        self._check_input("key", key, self.kdim)
-        self._check_input("value", value, self.vdim)
+        self._check_input("key", key, self.kdim, "kdim")
+        self._check_input("value", value, self.vdim, "vdim")
         batch, q_len = query.shape[0], query.shape[1]
         if key.shape[0] != batch or value.shape[0] != batch or key.shape[1] != value.shape[1]:
             raise ValueError(
@@ -291,7 +317,7 @@ class MultiHeadAttention(nn.Module):
             causal = False  # the cache's mask already places the queries at their positions
         else:
             mask = merge_masks(mask, self._padding(key_padding_mask, batch, k.shape[2]))
-            causal = bool(is_causal)
+            causal = is_causal
 
         dropout_p = self.dropout if self.training else 0.0
         weights = None

@@ -69,7 +69,9 @@ def generate_cmd(
     out, _ = results[modes[0]]
     from rich.text import Text
 
-    console.print(Text(prompt, style="bold") + Text(tok.decode(out)), highlight=False)
+    # The prompt bold, the continuation plain; both are user/model text, never parsed as markup.
+    # (Text(prompt, style="bold") + Text(...) would make the whole line bold: the base style is kept.)
+    console.print(Text.assemble((prompt, "bold"), tok.decode(out)), highlight=False)
     for use_cache in modes:
         n_out, secs = results[use_cache]
         rate = len(n_out) / secs if secs > 0 else float("inf")
