@@ -233,3 +233,14 @@ def test_scale_accepts_numpy_numbers_and_refuses_grad_tensors():
     assert torch.equal(sa.scaled_dot_product_attention(q, q, q, scale=np.float32(0.5)), ref)
     with pytest.raises(ValueError, match="requires grad"):
         sa.scaled_dot_product_attention(q, q, q, scale=torch.tensor(0.5, requires_grad=True))
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_float64_float_mask_with_float32_query(backend):
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(2, 5, 8, generator=g) for _ in range(3))
+    mask = torch.randn(5, 5, generator=g, dtype=torch.float64)
+    mask[1, :3] = -math.inf
+    ref = attention_ref(q, k, v, mask)[0].float()
+    out = sa.scaled_dot_product_attention(q, k, v, attn_mask=mask, backend=backend)
+    assert torch.allclose(out, ref, atol=1e-5)

@@ -126,6 +126,9 @@ def torch_sdpa(
 
     visible = F._visible(attn_mask, is_causal, (*batch, q_len, k_len), query.device)
     mask_arg = attn_mask
+    if mask_arg is not None and mask_arg.is_floating_point() and mask_arg.dtype != query.dtype:
+        # torch SDPA wants a float mask in the query's dtype; -inf stays -inf, finite biases round
+        mask_arg = mask_arg.to(query.dtype)
     if is_causal:
         mask_arg = (
             visible
