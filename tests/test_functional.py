@@ -244,3 +244,6 @@ def test_float64_float_mask_with_float32_query(backend):
     ref = attention_ref(q, k, v, mask)[0].float()
     out = sa.scaled_dot_product_attention(q, k, v, attn_mask=mask, backend=backend)
     assert torch.allclose(out, ref, atol=1e-5)
+    ref_causal = attention_ref(q, k, v, mask, is_causal=True)[0].float()
+    out = sa.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=True, backend=backend)
+    assert torch.allclose(out, ref_causal, atol=1e-5)

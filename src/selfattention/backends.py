@@ -133,7 +133,7 @@ def torch_sdpa(
         mask_arg = (
             visible
             if attn_mask is None or attn_mask.dtype == torch.bool
-            else torch.where(visible, attn_mask, torch.full((), float("-inf"), dtype=attn_mask.dtype))
+            else torch.where(visible, mask_arg, torch.full((), float("-inf"), dtype=mask_arg.dtype))
         )
     if mask_arg is not None and mask_arg.dim() < 2:
         mask_arg = mask_arg.expand(q_len, k_len)  # torch SDPA's fused kernels index dim -2 of the mask
