@@ -332,12 +332,14 @@ def _attention_example(data, report: FuzzReport, backends: list[str]) -> None:
         return
     _unchanged(args, before)
     _check_against_spec(f"sdpa[{target}]", out, args)
-    # gradients now and then: finite wherever the spec's are
+    # gradients now and then, when the result is finite (a NaN output makes any loss NaN anyway):
+    # finite wherever the spec's are
     q = args["query"]
     if (
         data.draw(_st().integers(0, 3), label="grad") == 0
         and q.dtype in (torch.float32, torch.float64)
         and out.numel()
+        and bool(torch.isfinite(out).all())
     ):
         leaves = {n: args[n].detach().clone().requires_grad_() for n in ("query", "key", "value")}
         ref_leaves = {
