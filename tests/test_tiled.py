@@ -373,3 +373,156 @@ def test_bad_arguments_name_the_argument():
         tiled_attention(q, k, v, document_ids=torch.zeros(4))
     with pytest.raises(ValueError, match="dropout_p"):
         tiled_attention(q, k, v, dropout_p=1.0)
+
+
+# ---------------------------------------------------------------- review fixes (issue 4 follow-up)
+
+
+def test_double_backward_raises_instead_of_wrong_second_derivatives():
+    q, k, v = _qkv(1, 1, 1, 4, 5, 3, 3, seed=3, grad=True)
+    ref = functools.partial(sa.scaled_dot_product_attention, is_causal=True)
+    assert torch.autograd.gradgradcheck(ref, (q, k, v))  # the reference has true second derivatives
+    tiled = functools.partial(tiled_attention, is_causal=True, block_q=3, block_k=2)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        torch.autograd.gradgradcheck(tiled, (q, k, v))
+
+
+@pytest.mark.parametrize("how", ["mask_row", "causal_tq_gt_tk"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_nonfinite_query_of_blind_row_gets_zero_gradient(how, bad):
+    tq = 6 if how == "mask_row" else 8
+    q, k, v = _qkv(1, 2, 2, tq, 6, 4, 5, seed=40)
+    q = q.clone()
+    mask, causal = None, how == "causal_tq_gt_tk"
+    if how == "mask_row":
+        mask = torch.rand(tq, 6, generator=torch.Generator().manual_seed(1)) > 0.3
+        mask[2] = False
+        q[..., 2, 1] = bad
+    else:
+        q[..., 0, 0] = bad  # Tq = 8 > Tk = 6, bottom-right causal: queries 0, 1 see nothing
+    grads = []
+    for fn in (tiled_attention, sa.scaled_dot_product_attention):
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        kw = dict(block_q=3, block_k=4) if fn is tiled_attention else {}
+        out = fn(qq, kk, vv, attn_mask=mask, is_causal=causal, **kw)
+        assert torch.isfinite(out).all()
+        (out * torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)).sum().backward()
+        grads.append((qq.grad, kk.grad, vv.grad))
+    for got, want in zip(*grads, strict=True):
+        assert torch.isfinite(got).all()
+        assert torch.allclose(got, want, atol=1e-10)
+
+
+def _nan_key_case():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    k[..., 0, :] = math.nan
+    m = torch.ones(6, 6, dtype=torch.bool)
+    m[0, 1:] = False  # query 0 sees only the NaN key 0
+    m[1:, 0] = False  # the other queries do not see it
+    return q, k, v, m
+
+
+@pytest.mark.parametrize("blocks", [(256, 1024), (2, 3), (1, 1)])
+def test_nan_key_seen_by_one_query_does_not_poison_other_gradients(blocks):
+    q, k, v, m = _nan_key_case()
+    res = []
+    for fn in (tiled_attention, sa.scaled_dot_product_attention):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        kw = dict(block_q=blocks[0], block_k=blocks[1]) if fn is tiled_attention else {}
+        out = fn(qq, kk, vv, attn_mask=m, **kw)
+        out.sum().backward()
+        res.append((out.detach(), qq.grad, kk.grad, vv.grad))
+    (out, dq, dk, dv), (rout, rdq, rdk, rdv) = res
+    assert torch.isnan(out[..., 0, :]).all() and torch.allclose(out[..., 1:, :], rout[..., 1:, :])
+    # keys/values 1..5 and queries 1..5 take no part in the NaN row: finite and as the reference
+    for got, want in ((dk, rdk), (dv, rdv), (dq, rdq)):
+        assert torch.isfinite(got[..., 1:, :]).all()
+        assert torch.allclose(got[..., 1:, :], want[..., 1:, :], atol=1e-10)
+    # the visible NaN key and the NaN query row: NaN in, NaN out (not a made-up finite gradient)
+    assert torch.isnan(dk[..., 0, :]).all() and torch.isnan(dq[..., 0, :]).all()
+
+
+def test_hidden_nan_value_does_not_poison_gradients_of_quick_blocks():
+    q, k, v = _qkv(1, 1, 1, 9, 9, 4, 3, seed=41)
+    v = v.clone()
+    v[..., 8, :] = math.nan  # last value: only the last query sees it (causal)
+    grads = []
+    for fn in (tiled_attention, sa.scaled_dot_product_attention):
+        qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+        kw = dict(block_q=2, block_k=3) if fn is tiled_attention else {}
+        fn(qq, kk, vv, is_causal=True, **kw)[..., :8, :].sum().backward()
+        grads.append((qq.grad, kk.grad, vv.grad[..., :8, :]))
+    for got, want in zip(*grads, strict=True):
+        assert torch.isfinite(got).all()
+        assert torch.allclose(got, want, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(6,), (1, 6), (5, 1), (2, 1, 1, 6), (3, 5, 6), (1, 3, 1, 6)],
+    ids=lambda s: "x".join(map(str, s)),
+)
+def test_any_mask_check_mask_accepts_works(shape):
+    q, k, v = _qkv(2, 3, 3, 5, 6, 8, 4, seed=42)
+    g = torch.Generator().manual_seed(len(shape))
+    mask = torch.rand(shape, generator=g) > 0.3
+    mask.view(-1)[0] = False  # hide something
+    out = tiled_attention(q, k, v, attn_mask=mask, block_q=2, block_k=4)
+    ref = sa.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.allclose(out, ref, atol=1e-12)
+    reg = sa.scaled_dot_product_attention(q, k, v, attn_mask=mask, backend="tiled")
+    assert torch.allclose(reg, ref, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "shape", [(5, 6), (3, 1, 6), (2, 3, 5, 6), (6,)], ids=lambda s: "x".join(map(str, s))
+)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_float_mask_gets_a_gradient_like_reference(shape, is_causal):
+    q, k, v = _qkv(2, 3, 3, 5, 6, 4, 3, seed=43)
+    g = torch.Generator().manual_seed(7)
+    bias = torch.randn(shape, generator=g, dtype=torch.float64)
+    bias.view(-1)[1] = -math.inf  # hide one key somewhere
+    grads = []
+    for fn in (tiled_attention, sa.scaled_dot_product_attention):
+        b = bias.clone().requires_grad_()
+        kw = dict(block_q=2, block_k=4) if fn is tiled_attention else {}
+        out = fn(q, k, v, attn_mask=b, is_causal=is_causal, **kw)
+        (out * torch.linspace(-1, 2, out.shape[-1], dtype=out.dtype)).sum().backward()
+        grads.append(b.grad)
+    assert grads[0] is not None and grads[0].shape == bias.shape
+    assert torch.allclose(grads[0], grads[1], atol=1e-10)
+
+
+def test_float_mask_gradcheck_gqa():
+    q, k, v = _qkv(1, 4, 2, 5, 7, 3, 2, seed=44, grad=True)
+    bias = torch.randn(1, 4, 1, 7, dtype=torch.float64, requires_grad=True)
+
+    def fn(q, k, v, b):
+        return tiled_attention(q, k, v, attn_mask=b, enable_gqa=True, is_causal=True, block_q=2, block_k=3)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v, bias))
+
+
+@pytest.mark.parametrize("block_q", [1, 2, 3, 4, 256])
+def test_stats_of_blind_rows_do_not_depend_on_block_size(block_q):
+    g = torch.Generator().manual_seed(45)
+    q, k, v = (
+        torch.randn(1, 1, 6, 4, generator=g),
+        torch.randn(1, 1, 2, 4, generator=g),
+        torch.randn(1, 1, 2, 3),
+    )
+    _, st = tiled_attention_with_stats(q, k, v, is_causal=True, top_k=3, block_q=block_q)
+    # Tq = 6 > Tk = 2, bottom-right causal: queries 0..3 see nothing, query 4 one key, query 5 two
+    assert torch.equal(st.topk_weights[0, 0, :4], torch.zeros(4, 3))
+    assert torch.equal(st.topk_indices[0, 0, :4], torch.full((4, 3), -1))
+    assert st.topk_indices[0, 0, 4].tolist() == [0, -1, -1] and st.topk_weights[0, 0, 4].tolist() == [
+        1.0,
+        0,
+        0,
+    ]
+    assert (
+        torch.allclose(st.topk_weights[0, 0, 5].sum(), torch.tensor(1.0))
+        and st.topk_indices[0, 0, 5, 2] == -1
+    )

@@ -77,13 +77,14 @@ class _Plan:
     window: int | None
     q_doc: torch.Tensor | None  # (..., Tq) integer ids, or None
     k_doc: torch.Tensor | None  # (..., Tk)
-    mask: torch.Tensor | None  # user mask, broadcastable to (*batch, Tq, Tk)
+    mask: torch.Tensor | None  # user mask, a view of shape (..., Tq, Tk) broadcastable to (*batch, Tq, Tk)
     dropout_p: float
     seed: int
     blocks: list[tuple[int, int, list[tuple[int, int, bool]]]] = field(default_factory=list)
     fast: list[tuple[int, bool]] = field(default_factory=list)  # set by the forward pass
     cache: dict = field(default_factory=dict)  # causal/window block masks by diagonal offset
     device: torch.device | None = None
+    mask_src: torch.Tensor | None = None  # the user's mask as ≥ 2-D (what the mask gradient is for)
 
 
 def _split(lo: int, hi: int, width: int, needs_mask: bool) -> list[tuple[int, int, bool]]:
@@ -248,12 +249,16 @@ def computed_fraction(
 ) -> float:
     """Fraction of the Tq × Tk score entries the tiled path computes (the rest is skipped).
 
+    Pure integer arithmetic on the block plan (no timing, no randomness); the examples pass the block
+    sizes explicitly so that they do not depend on the defaults.
+
     >>> computed_fraction(4096, 4096)
     1.0
-    >>> round(computed_fraction(4096, 4096, is_causal=True), 3)  # the triangle plus diagonal blocks
-    0.531
-    >>> round(computed_fraction(16384, 16384, window=512), 3)   # W = 512: about (512 + 256) / 16384
-    0.046
+    >>> computed_fraction(4096, 4096, is_causal=True, block_q=256, block_k=1024)  # triangle + diagonal
+    0.53125
+    >>> f = computed_fraction(16384, 16384, window=512, block_q=256, block_k=1024)
+    >>> f, f * 16384 * 16384   # W = 512: about (512 + 256) / 16384 of the table, an exact entry count
+    (0.04608345031738281, 12370432.0)
     """
     bq = block_q or DEFAULT_BLOCK_Q
     bk = block_k or DEFAULT_BLOCK_K
@@ -468,22 +473,42 @@ def _backward(
     out: torch.Tensor,
     lse: torch.Tensor,
     dout: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    mask_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """FlashAttention-2 Algorithm 2 with the query loop outside: dq per block, dk and dv accumulated.
 
     Blocks whose forward took the fast path (row sums of exp(S) in range) use E = exp(S) without a
     shift and fold the row factor e^(−ℓ) into dO instead (P = E·e^(−ℓ), so Pᵀ dO = Eᵀ (e^(−ℓ) dO) and
     P ∘ (dO Vᵀ − δ) = E ∘ (dO' Vᵀ − δ') with dO' = e^(−ℓ) dO, δ' = e^(−ℓ) δ); δ' rides in the matmul
     as an extra column: [dO' | −δ'] [V | 1]ᵀ = dO' Vᵀ − δ'. Other blocks subtract ℓ inside ``baddbmm``.
+
+    Non-finite values (rare path, found by one-off finiteness checks): a query that sees no key
+    (ℓ = −inf) has its NaN/inf zeroed (zero gradient, nothing reaches dK through 0 · NaN); NaN/inf in
+    K or V enters the scores S (so a visible NaN key makes its rows' ℓ, P and gradients NaN: NaN in,
+    NaN out) but the products dS·K and dO·Vᵀ use K and V with them zeroed, and dS is set to exactly 0
+    where the key is hidden, so keys and values a NaN row cannot see get finite gradients.
+
+    With ``mask_grad`` the float mask's gradient (= dS, summed over its broadcast dims) is returned too.
     """
     n, g = plan.n, plan.g
-    if not (bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())):
-        # hidden non-finite keys/values must not reach gradients through 0 · NaN
+    if not bool(torch.isfinite(q).all()):
+        blind = (lse == _NEG_INF).unsqueeze(-1)  # queries that see no key: they take no part
+        q = torch.where(blind & ~torch.isfinite(q), torch.zeros((), dtype=q.dtype, device=q.device), q)
+    k_raw = k
+    bad_kv = not (bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all()))
+    if bad_kv:
         k = torch.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0)
         v = torch.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
     qs = q * plan.scale
-    kt = k.transpose(1, 2)
+    kt = k_raw.transpose(1, 2)  # scores from the true keys (hidden entries are overwritten by -inf)
     delta = (dout * out).sum(dim=-1, keepdim=True)  # δ = rowsum(dO ∘ O), (N, G, Tq, 1)
+    guard = bad_kv or not bool(torch.isfinite(delta).all())  # NaN rows: keep dS = 0 where hidden
+    if guard:  # an output entry that receives no gradient (dO = 0) adds 0 to δ, even if it is NaN
+        delta = torch.where(dout == 0, torch.zeros((), dtype=out.dtype, device=out.device), dout * out)
+        delta = delta.sum(dim=-1, keepdim=True)
+    gm = None
+    if mask_grad:
+        gm = torch.zeros(plan.mask_src.shape, dtype=q.dtype, device=q.device)
     lse_ref = torch.where(lse == _NEG_INF, torch.zeros_like(lse), lse).unsqueeze(-1)
     va = torch.cat([v, v.new_ones((*v.shape[:-1], 1))], dim=-1)  # [V | 1], (N, Tk, Dv + 1)
     vat = va.transpose(1, 2)
@@ -511,6 +536,7 @@ def _backward(
             else:
                 s = torch.baddbmm(neg_lse, qb, kt[:, :, j0:j1])  # S − ℓ
             _apply_mask(s, plan, vis, bias, hidden)
+            hid = (s == _NEG_INF) if guard else None
             p = s.exp_()  # E = exp(S) or P = exp(S − ℓ); 0 where hidden
             if plan.dropout_p > 0.0:
                 z = _dropout_scale(plan, i0, j0, p.shape, p)
@@ -520,12 +546,28 @@ def _backward(
                 dva[:, j0:j1].baddbmm_(p.transpose(1, 2), doa)
                 dp = torch.bmm(doa, vat[:, :, j0:j1])  # dO Vᵀ − δ
             ds = dp.mul_(p)  # dS = P ∘ (dO Vᵀ − δ)
+            if hid is not None:
+                ds.masked_fill_(hid, 0.0)
+            if gm is not None:
+                _add_mask_grad(gm, ds, plan, i0, i1, j0, j1)
             dqb.baddbmm_(ds, k[:, j0:j1])
             dk[:, j0:j1].baddbmm_(ds.transpose(1, 2), qb)  # qb carries the scale already
         if g != 1:
             dq[:, :, i0:i1] = dqb.view(n, g, bq, -1)
     dq.mul_(plan.scale)
-    return dq, dk, dva[..., :-1]
+    dmask = None if gm is None else gm.to(plan.mask_src.dtype)
+    return dq, dk, dva[..., :-1], dmask
+
+
+def _add_mask_grad(
+    gm: torch.Tensor, ds: torch.Tensor, plan: _Plan, i0: int, i1: int, j0: int, j1: int
+) -> None:
+    """Add one block of dS (N, G·bq, w) into the mask gradient ``gm`` (mask shape, ≥ 2-D)."""
+    rows = slice(i0, i1) if gm.shape[-2] != 1 else slice(0, 1)
+    cols = slice(j0, j1) if gm.shape[-1] != 1 else slice(0, 1)
+    target = gm[..., rows, cols]
+    blk = ds.reshape(*plan.batch, i1 - i0, j1 - j0)  # head h = kv_head · G + g
+    target += blk.sum_to_size(target.shape)
 
 
 class _TiledAttention(torch.autograd.Function):
@@ -541,9 +583,20 @@ class _TiledAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):  # type: ignore[override]
+        if torch.is_grad_enabled():  # create_graph=True: a second derivative is coming
+            raise RuntimeError(
+                "tiled attention is once_differentiable: it supports first-order gradients only, not "
+                "create_graph=True / double backward; use backend='reference' for higher-order derivatives"
+            )
+        return _TiledAttention._backward_once(ctx, dout, _dlse)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def _backward_once(ctx, dout, _dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(ctx.plan, q, k, v, out, lse, dout.contiguous())
-        return dq, dk, dv, None, None
+        mask_grad = ctx.needs_input_grad[3]
+        dq, dk, dv, dmask = _backward(ctx.plan, q, k, v, out, lse, dout.contiguous(), mask_grad)
+        return dq, dk, dv, dmask, None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -583,7 +636,7 @@ class _StatsAcc:
         self.plan, self.top_k = plan, top_k
         n, g, tq, tk = plan.n, plan.g, plan.tq, plan.tk
         self.entropy = torch.zeros(n, g, tq, dtype=dtype, device=device)
-        self.top_val = torch.full((n, g, tq, top_k), _NEG_INF, dtype=dtype, device=device)
+        self.top_val = torch.zeros((n, g, tq, top_k), dtype=dtype, device=device)  # 0 where index -1
         self.top_idx = torch.full((n, g, tq, top_k), -1, dtype=torch.int64, device=device)
         self.column_sums = torch.zeros(n, g, tk, dtype=dtype, device=device) if columns else None
 
@@ -709,7 +762,12 @@ def _prepare(
             seed = int(torch.randint(0, 2**62, (), device="cpu"))
         else:
             seed = int(dropout_seed)
-    mask = attn_mask
+    mask_src = mask = attn_mask
+    if attn_mask is not None:
+        # any mask check_mask accepts, e.g. (Tk,) or (B, 1, 1, Tk): as a stride-0 view (..., Tq, Tk)
+        # so that every block can be sliced from it; nothing is materialised
+        mask_src = attn_mask.reshape((1,) * max(0, 2 - attn_mask.dim()) + tuple(attn_mask.shape))
+        mask = mask_src.expand(*mask_src.shape[:-2], q_len, k_len)
     plan = _Plan(
         n=q4.shape[0],
         g=g,
@@ -725,10 +783,11 @@ def _prepare(
         dropout_p=dropout_p,
         seed=seed,
         device=q4.device,
+        mask_src=mask_src,
     )
     plan.blocks = _make_blocks(q_len, k_len, bq, bk, is_causal, window, q_doc, k_doc, attn_mask is not None)
     if attn_mask is not None:
-        plan.blocks = _skip_masked(plan, attn_mask)
+        plan.blocks = _skip_masked(plan, mask.detach())
     return plan, q4, k3, v3, batch, unbatched
 
 
@@ -748,7 +807,9 @@ def _skip_masked(plan: _Plan, attn_mask: torch.Tensor) -> list:
 
 def _empty_result(query, key, value, batch, q_len, unbatched):
     shape = (*batch, q_len, value.shape[-1])
-    out = (query.sum() * 0 + key.sum() * 0 + value.sum() * 0).expand(shape).clone()
+    # a zero tied to the inputs' graphs (zero gradients) that NaN/inf in them cannot reach: empty slices
+    zero = query[..., :0].sum() + key[..., :0].sum() + value[..., :0].sum()
+    out = zero.expand(shape).clone()
     return out[0] if unbatched else out
 
 
@@ -803,8 +864,11 @@ def tiled_attention(
     Returns:
         (..., H, Tq, Dv) in the dtype of ``query``; computation in float32 at least.
 
-    Gradients flow to query, key and value (not to a float ``attn_mask``). The backward pass keeps
-    only the per-row log-sum-exp (Dao 2023, "FlashAttention-2", Algorithm 2).
+    Gradients flow to query, key, value and a float ``attn_mask`` that requires grad (a learned bias
+    such as ALiBi/T5: its gradient is dS summed over its broadcast dims). The backward pass keeps only
+    the per-row log-sum-exp (Dao 2023, "FlashAttention-2", Algorithm 2). First-order gradients only:
+    the backward is ``once_differentiable``, so double backward (``create_graph=True``, gradgradcheck)
+    raises RuntimeError; use ``backend="reference"`` for higher-order derivatives.
 
     >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     >>> tiled_attention(q, q, 2 * q, block_q=1, block_k=1)   # lecture 003: (1.340, 0.660), (0.660, 1.340)
@@ -827,9 +891,9 @@ def tiled_attention(
         block_k,
         dropout_seed,
     )
-    if plan.tq == 0 or plan.tk == 0:
+    if plan.tq == 0 or plan.tk == 0 or plan.n == 0:
         return _empty_result(query, key, value, batch, plan.tq, unbatched)
-    out, _ = _TiledAttention.apply(q4, k3, v3, attn_mask, plan)
+    out, _ = _TiledAttention.apply(q4, k3, v3, plan.mask_src, plan)
     out = out.reshape(*batch, plan.tq, v3.shape[-1]).to(query.dtype)
     return out[0] if unbatched else out
 
@@ -884,12 +948,14 @@ def tiled_attention_with_stats(
     acc_dtype = q4.dtype
     stats = _StatsAcc(plan, top_k, column_sums, acc_dtype, q4.device)
     with torch.no_grad():
-        if plan.tq == 0 or plan.tk == 0:
+        if plan.tq == 0 or plan.tk == 0 or plan.n == 0:
             out4 = q4.new_zeros((plan.n, plan.g, plan.tq, v3.shape[-1]))
             lse = q4.new_full((plan.n, plan.g, plan.tq), _NEG_INF)
         else:
             out4, lse = _forward(plan, q4, k3, v3, stats)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, attn_mask)
+    )
     if needs_grad:
         out = tiled_attention(
             query,
