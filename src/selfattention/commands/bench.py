@@ -17,7 +17,9 @@ def register(app: typer.Typer) -> None:
             False, "--quick", help="CI-sized run (T = 128, 256; H = 2; D = 32): seconds."
         ),
         out: Path = typer.Option(
-            Path("benchmarks/results"), "--out", help="Folder for bench.json and bench.md."
+            Path("out/bench"),
+            "--out",
+            help="Folder for bench.json and bench.md (the committed figures are in benchmarks/results).",
         ),
         sizes: str = typer.Option(
             "", "--sizes", help="Comma-separated sequence lengths (default 512…16384)."

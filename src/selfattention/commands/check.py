@@ -31,7 +31,7 @@ def check(
         total_wrong += wrong
         n = len(example.printed)
         status = f"[red]{wrong} wrong[/red]" if wrong else "[green]no wrong numbers[/green]"
-        console.print(f"{escape(str(f))}: {n} printed numbers checked, {status}")
+        console.print(f"{escape(str(f))}: {n} printed number{'' if n == 1 else 's'} checked, {status}")
     if strict and total_wrong:
         raise typer.Exit(1)
 
