@@ -112,7 +112,10 @@ def padding_mask(lengths: torch.Tensor | list[int], max_len: int | None = None) 
 
     Raises ``ValueError`` for negative lengths or lengths above ``max_len``.
     """
-    lengths = torch.as_tensor(lengths)
+    try:
+        lengths = torch.as_tensor(lengths)
+    except (RuntimeError, TypeError, ValueError):
+        raise TypeError(f"lengths must be a 1-D sequence of ints, got {type(lengths).__name__}") from None
     if lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
         raise ValueError(
             f"lengths must be a 1-D integer sequence, got {lengths.dtype} of shape {tuple(lengths.shape)}"
