@@ -100,10 +100,10 @@ def torch_sdpa(
     """``torch.nn.functional.scaled_dot_product_attention`` with this library's semantics.
 
     Differences bridged: bottom-right causal when Tq != Tk (an explicit mask is passed), rows with no
-    visible key return zeros and zero gradient (torch gives NaN), NaN/inf in a key or value is zeroed
-    before the call so that it reaches only the outputs that really attend to it (those are computed by
-    the spec, NaN in → NaN out), Tk = 0 gives zeros, ``training=False`` disables dropout. Shapes and
-    errors as in the reference.
+    visible key return zeros and zero gradient (torch gives NaN), inputs holding NaN/inf are computed by
+    the spec (torch's fused kernels turn a NaN query row into zeros and let hidden NaN keys leak through
+    0 · NaN), Tk = 0 gives zeros, ``training=False`` disables dropout, a float mask of another dtype is
+    cast to the query's. Shapes and errors as in the reference.
     """
     batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)
     check_mask(attn_mask, batch, q_len, k_len, query.device)
@@ -124,6 +124,21 @@ def torch_sdpa(
         zero = query[..., :0].sum() + key[..., :0].sum() + value[..., :0].sum()
         return zero.expand(shape).clone()
 
+    if not (F._all_finite(query) and F._all_finite(key) and F._all_finite(value)):
+        # torch SDPA's fused kernels turn a NaN query row into zeros and let a hidden NaN/inf key or value
+        # reach other rows through 0 · NaN; inputs holding NaN/inf are rare, so the spec computes them
+        # (NaN in a visible position → NaN out; hidden ones never leak; blind rows → zeros)
+        return F.attention_steps(
+            query_in,
+            key_in,
+            value_in,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa=enable_gqa,
+            training=training,
+        ).context
     visible = F._visible(attn_mask, is_causal, (*batch, q_len, k_len), query.device)
     mask_arg = attn_mask
     if mask_arg is not None and mask_arg.is_floating_point() and mask_arg.dtype != query.dtype:
@@ -143,8 +158,6 @@ def torch_sdpa(
         # for the call, then return zeros (the output is replaced, so its gradient is zero too)
         seen_any = visible.any(dim=-1, keepdim=True)  # (..., Tq, 1)
         if not bool(seen_any.all()):
-            # ... and NaN/inf in such a query must not reach the key gradients through 0 · NaN
-            query = torch.where(seen_any | torch.isfinite(query), query, torch.zeros((), dtype=query.dtype))
             if mask_arg is None or mask_arg.dtype == torch.bool:
                 mask_arg = visible | ~seen_any
             else:
@@ -155,37 +168,7 @@ def torch_sdpa(
             query, k, v, attn_mask=mask_arg, dropout_p=dropout_p, scale=scale
         )
 
-    # NaN/inf in a key or value hidden from some query must not reach it through 0 · NaN (torch SDPA
-    # multiplies every key). Without autograd (e.g. a decode step) one call on the inputs as given
-    # decides: a NaN/inf that took part would make the output non-finite, so a finite output is the
-    # answer and the O(T) scan of the keys and values is skipped. With autograd, a hidden -inf key can
-    # still put 0 · inf into a gradient, so the keys and values are always scanned.
-    needs_grad = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-    out = None
-    if not needs_grad:
-        out = call(key, value)
-        ok = torch.isfinite(out) if seen_any is None else torch.isfinite(out) | ~seen_any
-        if not bool(ok.all()):
-            out = None
-    if out is None:
-        bad_k = ~torch.isfinite(key)  # (..., Tk, D)
-        bad_v = ~torch.isfinite(value)  # (..., Tk, Dv)
-        any_bad = bool(bad_k.any()) or bool(bad_v.any())
-        if any_bad:  # zero them for the fast call ...
-            zero = torch.zeros((), dtype=key.dtype, device=key.device)
-            key = torch.where(bad_k, zero, key)
-            value = torch.where(bad_v, zero, value)
-        out = call(key, value)
-        if any_bad:  # ... and take the entries that really use one from the spec (NaN in, NaN out)
-            vis = visible if visible is not None else torch.ones((), dtype=torch.bool, device=query.device)
-            vis = vis.expand(*batch, q_len, k_len)
-            uses_bad = (vis & bad_k.any(dim=-1)[..., None, :]).any(dim=-1, keepdim=True)  # (..., Tq, 1)
-            uses_bad = uses_bad | ((vis.to(torch.float32) @ bad_v.to(torch.float32)) > 0)  # (..., Tq, Dv)
-            if bool(uses_bad.any()):
-                honest = F.attention_steps(
-                    query_in, key_in, value_in, attn_mask, 0.0, is_causal, scale, enable_gqa=enable_gqa
-                ).context
-                out = torch.where(uses_bad, honest, out)
+    out = call(key, value)
     if seen_any is not None:
         out = torch.where(seen_any, out, torch.zeros((), dtype=out.dtype, device=out.device))
     return out
