@@ -526,3 +526,18 @@ def test_stats_of_blind_rows_do_not_depend_on_block_size(block_q):
         torch.allclose(st.topk_weights[0, 0, 5].sum(), torch.tensor(1.0))
         and st.topk_indices[0, 0, 5, 2] == -1
     )
+
+
+@pytest.mark.parametrize("head_dim", [0, 3])
+@pytest.mark.parametrize("block_q", [None, 1])
+def test_nan_value_hidden_by_float_mask_inside_causal_block_does_not_leak(head_dim, block_q):
+    # found by the fuzzer: a -inf of the float mask must hide the key also where the causal mask shows it
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 1, 2, head_dim, generator=g)
+    k = torch.randn(1, 1, 2, head_dim, generator=g)
+    v = torch.randn(1, 1, 2, 2, generator=g)
+    v[0, 0, 0] = float("nan")
+    mask = torch.tensor([[0.0, 0.0], [float("-inf"), 0.0]])
+    out = tiled_attention(q, k, v, attn_mask=mask, is_causal=True, block_q=block_q)
+    assert torch.isnan(out[0, 0, 0]).all()  # query 0 sees only the NaN value
+    assert torch.equal(out[0, 0, 1], v[0, 0, 1])  # query 1 sees key 1 alone

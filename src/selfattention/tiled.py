@@ -381,8 +381,9 @@ def _forward_block_safe(
         vis, bias, hidden = _block_mask(plan, i0, i1, j0, j1, needs)
         s = torch.bmm(qb, kt[:, :, j0:j1])
         _apply_mask(s, plan, vis, bias, hidden)
-        if vis is None and bias is not None:
-            vis = bias != _NEG_INF
+        if bias is not None:  # a -inf in the float mask hides the key too (also inside a causal block)
+            keep = bias != _NEG_INF
+            vis = keep if vis is None else vis & keep
         m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         m_ref = torch.where(m_new == _NEG_INF, torch.zeros_like(m_new), m_new)
         alpha = torch.exp(m - m_ref)  # 0 for the first visible chunk (m = -inf)
