@@ -368,6 +368,15 @@ def _classify(qt: tuple[int, int, int], kt: tuple[int, int, int], causal: bool) 
     return _PARTIAL
 
 
+def _visit(plan: _Plan, qt: tuple[int, int, int], kt: tuple[int, int, int]) -> int:
+    """Classify a (query tile, key tile) pair and count it in ``plan.stats`` (forward and backward)."""
+    kind = _classify(qt, kt, plan.causal)
+    if plan.stats is not None:
+        plan.stats.tiles_computed += kind != _SKIP
+        plan.stats.tiles_skipped += kind == _SKIP
+    return kind
+
+
 def _tile_visible(qt: tuple[int, int, int], kt: tuple[int, int, int], device: torch.device) -> torch.Tensor:
     """(tq, tk) bool, True where key position <= query position (both runs are consecutive)."""
     q_pos = torch.arange(qt[2], qt[2] + qt[1] - qt[0], device=device)
@@ -455,10 +464,7 @@ def _forward_block(plan, q, k, v, k_tiles, out, lse) -> None:
         qs = slice(qt[0], qt[1])
         o_acc, l_acc = out[..., qs, :], lse[..., qs]
         for kt in k_tiles:
-            kind = _classify(qt, kt, plan.causal)
-            if plan.stats is not None:
-                plan.stats.tiles_computed += kind != _SKIP
-                plan.stats.tiles_skipped += kind == _SKIP
+            kind = _visit(plan, qt, kt)
             if kind == _SKIP:
                 continue
             ks = slice(kt[0], kt[1])
@@ -548,10 +554,7 @@ def _backward_block(plan, q, k, v, out, lse, do, delta, k_tiles, dq, dk, dv) -> 
 
     for qt in plan.q_tiles:
         for kt in k_tiles:
-            kind = _classify(qt, kt, plan.causal)
-            if plan.stats is not None:
-                plan.stats.tiles_computed += kind != _SKIP
-                plan.stats.tiles_skipped += kind == _SKIP
+            kind = _visit(plan, qt, kt)
             if kind == _SKIP:
                 continue
             if kind == _PARTIAL:
