@@ -118,11 +118,7 @@ def torch_sdpa(
         key = key.repeat_interleave(group, dim=-3)
         value = value.repeat_interleave(group, dim=-3)
     if q_len == 0 or k_len == 0:
-        shape = (*batch, q_len, value.shape[-1])
-        # zeros (Tk = 0: nothing to attend to), still connected to the inputs for autograd; the empty
-        # slices sum to exactly 0 even when the inputs hold NaN/inf
-        zero = query[..., :0].sum() + key[..., :0].sum() + value[..., :0].sum()
-        return zero.expand(shape).clone()
+        return F._empty_context(query, key, value, (*batch, q_len, value.shape[-1]))
 
     if not (F._all_finite(query) and F._all_finite(key) and F._all_finite(value)):
         # torch SDPA's fused kernels turn a NaN query row into zeros and let a hidden NaN/inf key or value

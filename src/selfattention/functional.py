@@ -87,6 +87,15 @@ def _all_finite(t: torch.Tensor) -> bool:
     return bool(torch.isfinite(t).all())
 
 
+def _empty_context(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shape: tuple[int, ...]
+) -> torch.Tensor:
+    """Zeros of ``shape`` for Tq = 0 or Tk = 0 (nothing to attend to), tied to the inputs' graphs so that
+    they get zero gradients; the empty slices sum to exactly 0 even when the inputs hold NaN/inf."""
+    zero = query[..., :0].sum() + key[..., :0].sum() + value[..., :0].sum()
+    return zero.expand(shape).clone()
+
+
 def _guarded_matmul(
     a: torch.Tensor, b: torch.Tensor, touches_bad: Callable[[torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:

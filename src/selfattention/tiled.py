@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ._validation import check_dropout, check_mask, check_positive_int, check_qkv, resolve_scale
+from .functional import _empty_context
 
 __all__ = [
     "AttentionStats",
@@ -807,10 +808,7 @@ def _skip_masked(plan: _Plan, attn_mask: torch.Tensor) -> list:
 
 
 def _empty_result(query, key, value, batch, q_len, unbatched):
-    shape = (*batch, q_len, value.shape[-1])
-    # a zero tied to the inputs' graphs (zero gradients) that NaN/inf in them cannot reach: empty slices
-    zero = query[..., :0].sum() + key[..., :0].sum() + value[..., :0].sum()
-    out = zero.expand(shape).clone()
+    out = _empty_context(query, key, value, (*batch, q_len, value.shape[-1]))
     return out[0] if unbatched else out
 
 
