@@ -378,13 +378,23 @@ def test_bad_arguments_name_the_argument():
 # ---------------------------------------------------------------- review fixes (issue 4 follow-up)
 
 
-def test_double_backward_raises_instead_of_wrong_second_derivatives():
+def test_double_backward_goes_through_the_spec_and_is_exact():
     q, k, v = _qkv(1, 1, 1, 4, 5, 3, 3, seed=3, grad=True)
     ref = functools.partial(sa.scaled_dot_product_attention, is_causal=True)
     assert torch.autograd.gradgradcheck(ref, (q, k, v))  # the reference has true second derivatives
     tiled = functools.partial(tiled_attention, is_causal=True, block_q=3, block_k=2)
-    with pytest.raises(RuntimeError, match="once_differentiable"):
-        torch.autograd.gradgradcheck(tiled, (q, k, v))
+    assert torch.autograd.gradgradcheck(tiled, (q, k, v))
+    # with a learned float mask too
+    m = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    masked = functools.partial(tiled_attention, block_q=3, block_k=2)
+    assert torch.autograd.gradgradcheck(lambda q, k, v, m: masked(q, k, v, attn_mask=m), (q, k, v, m))
+
+
+def test_double_backward_with_dropout_is_a_clear_error():
+    q, k, v = _qkv(1, 1, 1, 4, 5, 3, 3, seed=3, grad=True)
+    out = tiled_attention(q, k, v, dropout_p=0.5, dropout_seed=1)
+    with pytest.raises(RuntimeError, match="dropout"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
 
 
 @pytest.mark.parametrize("how", ["mask_row", "causal_tq_gt_tk"])

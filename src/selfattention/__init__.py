@@ -6,11 +6,11 @@ The spec lives in :mod:`selfattention.functional`; masks in :mod:`selfattention.
 
 from . import masks
 from ._validation import FloatMaskWarning
+from .backends import scaled_dot_product_attention
 from .functional import (
     AttentionSteps,
     attention_steps,
     attention_weights,
-    scaled_dot_product_attention,
     simple_attention,
     simple_attention_steps,
 )
@@ -18,6 +18,7 @@ from .kv_cache import KVCache
 from .mha import MultiHeadAttention
 from .modules import SelfAttention, SimpleSelfAttention
 from .trace import AttentionTrace, capture
+from .visibility import Visibility
 
 __version__ = "0.1.0"
 
@@ -29,6 +30,7 @@ __all__ = [
     "MultiHeadAttention",
     "SelfAttention",
     "SimpleSelfAttention",
+    "Visibility",
     "attention_steps",
     "attention_weights",
     "capture",

@@ -1,19 +1,20 @@
-"""Attention backends: one signature, a registry, no silent fallback.
+"""Dispatch: one registry of attention backends, one signature, no silent fallback.
 
-Every backend is a callable with the signature of
-:func:`selfattention.functional.scaled_dot_product_attention` (without ``backend``) and the same
-semantics (bool mask True = attend, bottom-right causal, zeros for a query with no visible key). Each is
-tested against the float64 reference.
+Every backend is a callable with the signature of :func:`selfattention.functional.scaled_dot_product_attention`
+(the spec) and the same semantics (bool mask True = attend, bottom-right causal, zeros and zero gradient
+for a query with no visible key, hidden NaN/inf never leaks). Each is tested against the float64 spec.
 
-=============  ==============================================================================
+=============  ==============================================================================================
 name           what it runs
-=============  ==============================================================================
-reference      :func:`selfattention.functional.attention_steps`: materialises the scores (spec)
-torch          ``torch.nn.functional.scaled_dot_product_attention``, with our mask semantics
-=============  ==============================================================================
+=============  ==============================================================================================
+reference      :func:`selfattention.functional.attention_steps`: materialises the scores (the spec)
+torch          ``torch.nn.functional.scaled_dot_product_attention``, with this library's semantics bridged
+tiled          :func:`selfattention.tiled.tiled_attention`: the block engine on torch's fused kernels
+=============  ==============================================================================================
 
-Choosing: pass ``backend="name"`` to :func:`selfattention.scaled_dot_product_attention` or to a module.
-An unknown name raises ``ValueError`` listing the registered ones.
+Choosing: pass ``backend="name"`` to :func:`scaled_dot_product_attention` or to a module. An unknown name
+raises ``ValueError`` listing the registered ones. This module owns the registry; other modules register
+through :func:`register_backend`.
 """
 
 from __future__ import annotations
@@ -24,8 +25,17 @@ import torch
 
 from . import functional as F
 from ._validation import check_bool, check_dropout, check_mask, check_qkv, resolve_scale
+from .kernels import vendor
+from .tiled import tiled_attention
+from .visibility import Visibility, as_visibility
 
-__all__ = ["register_backend", "get_backend", "available_backends", "torch_sdpa"]
+__all__ = [
+    "register_backend",
+    "get_backend",
+    "available_backends",
+    "scaled_dot_product_attention",
+    "torch_sdpa",
+]
 
 Backend = Callable[..., torch.Tensor]
 _REGISTRY: dict[str, Backend] = {}
@@ -43,29 +53,59 @@ def register_backend(name: str, fn: Backend, *, overwrite: bool = False) -> None
 def available_backends() -> list[str]:
     """Names of the registered backends, sorted.
 
-    >>> "reference" in available_backends() and "torch" in available_backends()
-    True
+    >>> available_backends()
+    ['reference', 'tiled', 'torch']
     """
-    _load_optional()
     return sorted(_REGISTRY)
 
 
 def get_backend(name: str) -> Backend:
     """The backend registered as ``name``; ``ValueError`` naming the choices if there is none."""
-    _load_optional()
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
         raise ValueError(f"unknown attention backend {name!r}; choose one of {sorted(_REGISTRY)}") from None
 
 
-def _load_optional() -> None:
-    """Import modules that register further backends (kept lazy to keep import time low)."""
-    if "tiled" not in _REGISTRY:
-        try:
-            from . import tiled  # noqa: F401  (registers "tiled")
-        except ImportError:
-            pass
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | Visibility | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    *,
+    enable_gqa: bool = False,
+    training: bool = True,
+    backend: str | None = None,
+) -> torch.Tensor:
+    """softmax(Q Kᵀ · scale + mask) V on the chosen ``backend`` — lecture 003's Attention(Q, K, V).
+
+    Arguments, shapes, mask meaning, semantics and errors are those of the spec,
+    :func:`selfattention.functional.scaled_dot_product_attention` (a drop-in for
+    ``torch.nn.functional.scaled_dot_product_attention`` with bottom-right causal masks, zeros for a query
+    that sees no key, and hidden NaN that never leaks). ``backend``: ``None`` or ``"reference"`` for the
+    spec's materialising math, ``"torch"`` for torch SDPA, ``"tiled"`` for the block engine, or any name
+    registered with :func:`register_backend`. An unknown name raises ``ValueError``.
+
+    >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    >>> scaled_dot_product_attention(q, q, 2 * q, backend="tiled")   # lecture 003: (1.340, 0.660), ...
+    tensor([[1.3395, 0.6605],
+            [0.6605, 1.3395]])
+    """
+    fn = _reference if backend is None else get_backend(backend)
+    return fn(
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        dropout_p=dropout_p,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=enable_gqa,
+        training=training,
+    )
 
 
 def _reference(
@@ -85,11 +125,63 @@ def _reference(
     ).context
 
 
+def _tiled(
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    *,
+    enable_gqa=False,
+    training=True,
+):
+    return tiled_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
+    )
+
+
+# ----------------------------------------------------------------------------------------------- torch
+
+
+class _SpecForCreateGraph(torch.autograd.Function):
+    """Runs ``fn`` (torch SDPA) and keeps its own graph for the first-order backward; a backward with
+    ``create_graph=True`` (gradient penalties) recomputes through the spec instead, whose math is twice
+    differentiable (torch's fused CPU kernel has no derivative of its backward)."""
+
+    @staticmethod
+    def forward(ctx, fn, spec, query, key, value, mask):  # type: ignore[override]
+        ins = [
+            None if t is None else t.detach().requires_grad_(t.requires_grad)
+            for t in (query, key, value, mask)
+        ]
+        with torch.enable_grad():
+            out = fn(*ins)
+        ctx.inner = (ins, out)
+        ctx.spec = spec
+        ctx.save_for_backward(query, key, value, mask)
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, dout):  # type: ignore[override]
+        ins, out = ctx.inner
+        if torch.is_grad_enabled():  # create_graph=True: the spec's differentiable math
+            ins = list(ctx.saved_tensors)
+            with torch.enable_grad():
+                out = ctx.spec(*ins)
+        wanted = [t for t in ins if t is not None and t.requires_grad]
+        grads = iter(
+            torch.autograd.grad(out, wanted, dout, create_graph=torch.is_grad_enabled(), allow_unused=True)
+        )
+        return (None, None, *[next(grads) if t is not None and t.requires_grad else None for t in ins])
+
+
 def torch_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | Visibility | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
     scale: float | None = None,
@@ -103,72 +195,83 @@ def torch_sdpa(
     visible key return zeros and zero gradient (torch gives NaN), inputs holding NaN/inf are computed by
     the spec (torch's fused kernels turn a NaN query row into zeros and let hidden NaN keys leak through
     0 · NaN), Tk = 0 gives zeros, ``training=False`` disables dropout, a float mask of another dtype is
-    cast to the query's. Shapes and errors as in the reference.
+    cast to the query's, bfloat16/float16 on CPU are computed in float32 (torch's fused CPU kernel in
+    bfloat16 is 2–3× further from float64 than naive bfloat16 math), and ``create_graph=True`` (double
+    backward) works through the spec. Shapes and errors as in the reference.
     """
     batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)
-    check_mask(attn_mask, batch, q_len, k_len, query.device)
-    query_in, key_in, value_in = query, key, value
+    check_bool("is_causal", is_causal)
+    vis = as_visibility(attn_mask, is_causal, q_len, k_len)
+    check_mask(vis.attn_mask, batch, q_len, k_len, query.device)
     dropout_p = check_dropout(dropout_p)  # checked even when not training: a bad value is a bug either way
     if not training:
         dropout_p = 0.0
-    check_bool("is_causal", is_causal)
     scale = resolve_scale(scale, query.shape[-1])
-    if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
-        group = query.shape[-3] // key.shape[-3]
-        key = key.repeat_interleave(group, dim=-3)
-        value = value.repeat_interleave(group, dim=-3)
     if q_len == 0 or k_len == 0:
         return F._empty_context(query, key, value, (*batch, q_len, value.shape[-1]))
-
     if not (F._all_finite(query) and F._all_finite(key) and F._all_finite(value)):
         # torch SDPA's fused kernels turn a NaN query row into zeros and let a hidden NaN/inf key or value
         # reach other rows through 0 · NaN; inputs holding NaN/inf are rare, so the spec computes them
-        # (NaN in a visible position → NaN out; hidden ones never leak; blind rows → zeros)
         return F.attention_steps(
-            query_in,
-            key_in,
-            value_in,
-            attn_mask,
-            dropout_p,
-            is_causal,
-            scale,
-            enable_gqa=enable_gqa,
-            training=training,
+            query, key, value, vis, dropout_p, False, scale, enable_gqa=enable_gqa, training=training
         ).context
-    visible = F._visible(attn_mask, is_causal, (*batch, q_len, k_len), query.device)
-    mask_arg = attn_mask
-    if mask_arg is not None and mask_arg.is_floating_point() and mask_arg.dtype != query.dtype:
-        # torch SDPA wants a float mask in the query's dtype; -inf stays -inf, finite biases round
-        mask_arg = mask_arg.to(query.dtype)
-    if is_causal:
-        mask_arg = (
-            visible
-            if attn_mask is None or attn_mask.dtype == torch.bool
-            else torch.where(visible, mask_arg, torch.full((), float("-inf"), dtype=mask_arg.dtype))
-        )
-    if mask_arg is not None and mask_arg.dim() < 2:
-        mask_arg = mask_arg.expand(q_len, k_len)  # torch SDPA's fused kernels index dim -2 of the mask
-    seen_any = None
-    if visible is not None:
-        # a row with no visible key would be softmax over all -inf (NaN in torch): let it see every key
-        # for the call, then return zeros (the output is replaced, so its gradient is zero too)
-        seen_any = visible.any(dim=-1, keepdim=True)  # (..., Tq, 1)
-        if not bool(seen_any.all()):
-            if mask_arg is None or mask_arg.dtype == torch.bool:
+    mask_in = vis.attn_mask
+    visible = F._visible(vis, (*batch, q_len, k_len), query.device)
+    compute = vendor.compute_dtype(query.device, query.dtype)
+
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
+        q, k, v = q.to(compute), k.to(compute), v.to(compute)
+        if enable_gqa and q.dim() >= 3 and k.shape[-3] != q.shape[-3]:
+            group = q.shape[-3] // k.shape[-3]
+            k, v = k.repeat_interleave(group, dim=-3), v.repeat_interleave(group, dim=-3)
+        mask_arg = m
+        if mask_arg is not None and mask_arg.is_floating_point():
+            mask_arg = mask_arg.to(compute)  # -inf stays -inf, finite biases round
+        if vis.structural or vis.q_doc is not None:  # our structure as an explicit mask (bottom-right)
+            mask_arg = (
+                visible
+                if mask_arg is None or mask_arg.dtype == torch.bool
+                else torch.where(visible, mask_arg, torch.full((), float("-inf"), dtype=compute))
+            )
+        if mask_arg is not None and mask_arg.dim() < 2:
+            mask_arg = mask_arg.expand(q_len, k_len)  # torch SDPA's fused kernels index dim -2 of the mask
+        seen_any = None
+        if visible is not None:
+            # a row with no visible key would be softmax over all -inf (NaN in torch): let it see every key
+            # for the call, then return zeros (the output is replaced, so its gradient is zero too)
+            seen_any = visible.any(dim=-1, keepdim=True)  # (..., Tq, 1)
+            if bool(seen_any.all()):
+                seen_any = None
+            elif mask_arg.dtype == torch.bool:
                 mask_arg = visible | ~seen_any
             else:
                 mask_arg = torch.where(seen_any, mask_arg, torch.zeros((), dtype=mask_arg.dtype))
-
-    def call(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.scaled_dot_product_attention(
-            query, k, v, attn_mask=mask_arg, dropout_p=dropout_p, scale=scale
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask_arg, dropout_p=dropout_p, scale=scale
         )
+        if seen_any is not None:
+            out = torch.where(seen_any, out, torch.zeros((), dtype=out.dtype, device=out.device))
+        return out.to(query.dtype)
 
-    out = call(key, value)
-    if seen_any is not None:
-        out = torch.where(seen_any, out, torch.zeros((), dtype=out.dtype, device=out.device))
-    return out
+    def spec(q, k, v, m):
+        return F.attention_steps(q, k, v, vis.with_mask(None) if m is None else _same(vis, m), 0.0, False, scale,
+                                 enable_gqa=enable_gqa).context  # fmt: skip
+
+    if (
+        dropout_p == 0.0
+        and torch.is_grad_enabled()
+        and any(t is not None and t.requires_grad for t in (query, key, value, mask_in))
+    ):
+        return _SpecForCreateGraph.apply(run, spec, query, key, value, mask_in)
+    return run(query, key, value, mask_in)
+
+
+def _same(vis: Visibility, mask: torch.Tensor) -> Visibility:
+    from dataclasses import replace
+
+    return replace(vis, attn_mask=mask)
 
 
 register_backend("reference", _reference)
 register_backend("torch", torch_sdpa)
+register_backend("tiled", _tiled)

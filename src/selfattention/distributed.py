@@ -2,8 +2,10 @@
 
 Each of N processes (ranks) holds a slice of the sequence's queries, keys and values. The key/value
 blocks travel around a ring — rank r sends to r+1 and receives from r-1 — and after N-1 hops every rank
-has seen every block. Each rank merges the partial results of the blocks with the same online-softmax
-rule as the tiled path (:func:`selfattention.blocks.merge_partials`)::
+has seen every block. Each block is computed by the same block engine as the tiled path
+(:mod:`selfattention.kernels`: torch's fused kernel, which returns the log-sum-exp; the exact kernel for
+inputs holding NaN/inf) and each rank merges the partial results with the engine's log-sum-exp rule
+(:func:`selfattention.kernels.merge.merge_into`)::
 
     ℓ = log(exp ℓ₁ + exp ℓ₂)          O = exp(ℓ₁ - ℓ) O₁ + exp(ℓ₂ - ℓ) O₂
 
@@ -48,7 +50,9 @@ import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
 from ._validation import check_positive_int, check_qkv, resolve_scale
-from .blocks import block_backward, block_forward, merge_partials
+from .kernels import engine
+from .kernels.merge import merge_into
+from .visibility import PARTIAL, SKIP, Visibility, classify
 
 __all__ = [
     "LAYOUTS",
@@ -340,54 +344,48 @@ class _Ring:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Tiles: pieces of a rank's rows with their global positions, classified against each other
+# Blocks: this rank's query runs against one source rank's key runs, computed by the block engine
 # ----------------------------------------------------------------------------------------------------
 
-_SKIP, _FULL, _PARTIAL = 0, 1, 2
+
+def _count_tiles(plan: _Plan, qs: tuple[int, int, int], ks: tuple[int, int, int]) -> None:
+    """Count the (block × block) tiles of a query run × key run as computed or skipped (forward and
+    backward), with the same predicate the engine plans with."""
+    if plan.stats is None:
+        return
+    for a in range(0, qs[2], plan.block):
+        q_first, q_last = qs[1] + a, qs[1] + min(qs[2], a + plan.block) - 1
+        for c in range(0, ks[2], plan.block):
+            k_first, k_last = ks[1] + c, ks[1] + min(ks[2], c + plan.block) - 1
+            kind = classify(q_first, q_last, k_first, k_last, causal=plan.causal, window=None)
+            plan.stats.tiles_computed += kind != SKIP
+            plan.stats.tiles_skipped += kind == SKIP
 
 
-def _tiles(segs: list[tuple[int, int, int]], block: int, offset: int = 0) -> list[tuple[int, int, int]]:
-    """Split runs into tiles of at most ``block`` rows: [(local_start, local_end, first global position)]."""
-    out = []
-    for local, glob, n in segs:
-        for s in range(0, n, block):
-            e = min(n, s + block)
-            out.append((local + s, local + e, glob + s + offset))
-    return out
-
-
-def _classify(qt: tuple[int, int, int], kt: tuple[int, int, int], causal: bool) -> int:
-    if not causal:
-        return _FULL
-    q_first, q_last = qt[2], qt[2] + qt[1] - qt[0] - 1
-    k_first, k_last = kt[2], kt[2] + kt[1] - kt[0] - 1
-    if k_first > q_last:
-        return _SKIP  # every key is after every query
-    if k_last <= q_first:
-        return _FULL
-    return _PARTIAL
-
-
-def _visit(plan: _Plan, qt: tuple[int, int, int], kt: tuple[int, int, int]) -> int:
-    """Classify a (query tile, key tile) pair and count it in ``plan.stats`` (forward and backward)."""
-    kind = _classify(qt, kt, plan.causal)
-    if plan.stats is not None:
-        plan.stats.tiles_computed += kind != _SKIP
-        plan.stats.tiles_skipped += kind == _SKIP
-    return kind
-
-
-def _tile_visible(qt: tuple[int, int, int], kt: tuple[int, int, int], device: torch.device) -> torch.Tensor:
-    """(tq, tk) bool, True where key position <= query position (both runs are consecutive)."""
-    q_pos = torch.arange(qt[2], qt[2] + qt[1] - qt[0], device=device)
-    k_pos = torch.arange(kt[2], kt[2] + kt[1] - kt[0], device=device)
-    return k_pos.unsqueeze(0) <= q_pos.unsqueeze(1)
-
-
-def _prefix_lengths(qt: tuple[int, int, int], kt: tuple[int, int, int]) -> list[int]:
-    """For each query of a partial tile, how many keys of the tile it sees (a prefix, causal)."""
-    tk = kt[1] - kt[0]
-    return [min(tk, max(0, qt[2] + i - kt[2] + 1)) for i in range(qt[1] - qt[0])]
+def _blocks(plan: _Plan, src: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """(query rows, key rows, Problem) for every pair of this rank's query runs and the source rank's key
+    runs that has a visible key: a causal pair becomes "causal at offset" (the queries' first global
+    position minus the keys'), planned by the engine like any other problem."""
+    for qs in plan.q_segs:
+        for ks in plan.k_segs[src]:
+            _count_tiles(plan, qs, ks)
+            kind = classify(
+                qs[1], qs[1] + qs[2] - 1, ks[1], ks[1] + ks[2] - 1, causal=plan.causal, window=None
+            )
+            if kind == SKIP:
+                continue
+            rows, cols = slice(qs[0], qs[0] + qs[2]), slice(ks[0], ks[0] + ks[2])
+            vis = Visibility(qs[2], ks[2], is_causal=kind == PARTIAL, q_offset=qs[1] - ks[1])
+            prob = engine.make_problem(
+                q[:, :, rows],
+                k[:, :, cols],
+                v[:, :, cols],
+                vis,
+                plan.scale,
+                block_q=plan.block,
+                block_k=plan.block,
+            )
+            yield rows, cols, prob
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -402,13 +400,13 @@ class _Plan:
     causal: bool
     q_lens: list[int]
     k_lens: list[int]
-    q_tiles: list[tuple[int, int, int]]
-    k_tiles: list[list[tuple[int, int, int]]]  # per source rank
-    k_batch: tuple[int, ...]  # batch dims of key/value (heads included)
+    q_segs: list[tuple[int, int, int]]  # this rank's query runs (local start, global position, length)
+    k_segs: list[list[tuple[int, int, int]]]  # per source rank: its key runs
+    k_batch: tuple[int, ...]  # (B, Hkv): key/value in the engine's 4-D layout
     d: int
     dv: int
     acc: torch.dtype
-    gqa: int  # query heads per key/value head (1 = plain)
+    block: int
     overlap: bool
     stats: RingStats | None
 
@@ -416,18 +414,11 @@ class _Plan:
         return math.prod(self.k_batch) * self.k_lens[src] * (self.d + self.dv)
 
     def unpack(self, flat: torch.Tensor, src: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views (k (..., Tk, D), v (..., Tk, Dv)) of a packed buffer; GQA adds a broadcast group dim."""
+        """Views (k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv)) of a packed buffer."""
         n = math.prod(self.k_batch) * self.k_lens[src]
         k = flat[: n * self.d].view(*self.k_batch, self.k_lens[src], self.d)
         v = flat[n * self.d :].view(*self.k_batch, self.k_lens[src], self.dv)
         return k, v
-
-    def group_q(self, t: torch.Tensor) -> torch.Tensor:
-        """(..., H, T, X) → (..., Hkv, g, T, X) for grouped-query attention; unchanged otherwise."""
-        return t.unflatten(-3, (-1, self.gqa)) if self.gqa > 1 else t
-
-    def group_kv(self, t: torch.Tensor) -> torch.Tensor:
-        return t.unsqueeze(-3) if self.gqa > 1 else t
 
 
 def _pack(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -435,10 +426,10 @@ def _pack(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _ring_forward(plan: _Plan, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """query (B, H, Tq_local, D), key/value (B, Hkv, Tk_local, ·) → out (B, H, Tq_local, Dv), lse."""
     ring, n, me = plan.ring, plan.ring.world, plan.ring.rank
-    q = plan.group_q(query.to(plan.acc))  # (..., [Hkv, g,] Tq_local, D)
-    out = q.new_zeros((*q.shape[:-1], plan.dv))
-    lse = q.new_full(q.shape[:-1], -math.inf)
+    out = query.new_zeros((*query.shape[:-1], plan.dv), dtype=plan.acc)
+    lse = query.new_full(query.shape[:-1], -math.inf, dtype=plan.acc)
     kv = _pack(key, value, key.dtype)  # travels in the input dtype
     for step in range(n):
         src = (me - step) % n
@@ -449,8 +440,10 @@ def _ring_forward(plan: _Plan, query: torch.Tensor, key: torch.Tensor, value: to
                 pending.wait()
         t0 = time.perf_counter()
         k, v = plan.unpack(kv, src)
-        k, v = plan.group_kv(k.to(plan.acc)), plan.group_kv(v.to(plan.acc))
-        _forward_block(plan, q, k, v, plan.k_tiles[src], out, lse)
+        for rows, cols, prob in _blocks(plan, src, query, k, v):
+            c = prob.compute
+            o, l = engine.forward(query[:, :, rows].to(c), k[:, :, cols].to(c), v[:, :, cols].to(c), prob)
+            merge_into(out[:, :, rows], lse[:, :, rows], o, l)
         if plan.stats is not None:
             plan.stats.compute_s += time.perf_counter() - t0
         if pending is not None:
@@ -458,49 +451,9 @@ def _ring_forward(plan: _Plan, query: torch.Tensor, key: torch.Tensor, value: to
     return out, lse
 
 
-def _forward_block(plan, q, k, v, k_tiles, out, lse) -> None:
-    finite = None
-    for qt in plan.q_tiles:
-        qs = slice(qt[0], qt[1])
-        o_acc, l_acc = out[..., qs, :], lse[..., qs]
-        for kt in k_tiles:
-            kind = _visit(plan, qt, kt)
-            if kind == _SKIP:
-                continue
-            ks = slice(kt[0], kt[1])
-            if kind == _PARTIAL:
-                if finite is None:
-                    finite = bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())
-                if not finite:  # a hidden key may hold NaN/inf: touch only the visible prefix of each row
-                    for i, m in enumerate(_prefix_lengths(qt, kt)):
-                        if m == 0:
-                            continue
-                        r = slice(i, i + 1)
-                        o, l = block_forward(
-                            q[..., qt[0] + i : qt[0] + i + 1, :],
-                            k[..., kt[0] : kt[0] + m, :],
-                            v[..., kt[0] : kt[0] + m, :],
-                            plan.scale,
-                        )
-                        o_acc[..., r, :], l_acc[..., r] = merge_partials(
-                            o_acc[..., r, :], l_acc[..., r], o, l
-                        )
-                    continue
-                visible = _tile_visible(qt, kt, q.device)
-            else:
-                visible = None
-            o, l = block_forward(q[..., qs, :], k[..., ks, :], v[..., ks, :], plan.scale, visible)
-            o_new, l_new = merge_partials(o_acc, l_acc, o, l)
-            o_acc.copy_(o_new)
-            l_acc.copy_(l_new)
-
-
 def _ring_backward(plan: _Plan, query, key, value, out, lse, grad_out):
     ring, n, me = plan.ring, plan.ring.world, plan.ring.rank
-    q = plan.group_q(query.to(plan.acc))
-    do = plan.group_q(grad_out.to(plan.acc))
-    delta = (do * out).sum(dim=-1)  # rowsum(dO ∘ O), (..., Tq)
-    dq = torch.zeros_like(q)
+    dq = torch.zeros(query.shape, dtype=plan.acc, device=query.device)
     kv = _pack(key, value, key.dtype)
     incoming: _Pending | None = None  # the dK/dV accumulator of the block we hold, on its way to us
     for step in range(n):
@@ -512,10 +465,17 @@ def _ring_backward(plan: _Plan, query, key, value, out, lse, grad_out):
                 pending_kv.wait()
         t0 = time.perf_counter()
         k, v = plan.unpack(kv, src)
-        k, v = plan.group_kv(k.to(plan.acc)), plan.group_kv(v.to(plan.acc))
         dkv = torch.zeros(plan.kv_numel(src), dtype=plan.acc, device=query.device)
-        dk, dv = plan.unpack(dkv, src)  # views into dkv, (..., Tk, D) and (..., Tk, Dv)
-        _backward_block(plan, q, k, v, out, lse, do, delta, plan.k_tiles[src], dq, dk, dv)
+        dk, dv = plan.unpack(dkv, src)  # views into dkv, (B, Hkv, Tk, D) and (B, Hkv, Tk, Dv)
+        for rows, cols, prob in _blocks(plan, src, query, k, v):
+            c = prob.compute
+            gq, gk, gv, _ = engine.backward(
+                grad_out[:, :, rows].to(c), query[:, :, rows].to(c), k[:, :, cols].to(c), v[:, :, cols].to(c),
+                out[:, :, rows].to(c), lse[:, :, rows], prob,
+            )  # fmt: skip
+            dq[:, :, rows] += gq
+            dk[:, :, cols] += gk
+            dv[:, :, cols] += gv
         if plan.stats is not None:
             plan.stats.compute_s += time.perf_counter() - t0
         if incoming is not None:
@@ -531,62 +491,35 @@ def _ring_backward(plan: _Plan, query, key, value, out, lse, grad_out):
     return dq, dk, dv
 
 
-def _backward_block(plan, q, k, v, out, lse, do, delta, k_tiles, dq, dk, dv) -> None:
-    finite = None
-
-    def add(qsl, ksl, visible=None):
-        g_q, g_k, g_v = block_backward(
-            q[..., qsl, :],
-            k[..., ksl, :],
-            v[..., ksl, :],
-            plan.scale,
-            out[..., qsl, :],
-            lse[..., qsl],
-            do[..., qsl, :],
-            visible,
-            delta=delta[..., qsl],
-        )
-        dq[..., qsl, :] += g_q
-        if plan.gqa > 1:  # (..., Hkv, g, tk, D): sum the query heads that share a key/value head
-            g_k, g_v = g_k.sum(-3), g_v.sum(-3)
-        dk[..., ksl, :] += g_k
-        dv[..., ksl, :] += g_v
-
-    for qt in plan.q_tiles:
-        for kt in k_tiles:
-            kind = _visit(plan, qt, kt)
-            if kind == _SKIP:
-                continue
-            if kind == _PARTIAL:
-                if finite is None:
-                    finite = bool(torch.isfinite(k).all()) and bool(torch.isfinite(v).all())
-                if not finite:
-                    for i, m in enumerate(_prefix_lengths(qt, kt)):
-                        if m:
-                            add(slice(qt[0] + i, qt[0] + i + 1), slice(kt[0], kt[0] + m))
-                    continue
-                add(slice(qt[0], qt[1]), slice(kt[0], kt[1]), _tile_visible(qt, kt, q.device))
-            else:
-                add(slice(qt[0], qt[1]), slice(kt[0], kt[1]))
+def _as4(t: torch.Tensor) -> torch.Tensor:
+    """(..., H, T, X) → (B, H, T, X); (T, X) → (1, 1, T, X)."""
+    if t.dim() < 4:
+        return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
+    return t.reshape(math.prod(t.shape[:-3]), *t.shape[-3:])
 
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, plan):
-        out, lse = _ring_forward(plan, query, key, value)
+        q4, k4, v4 = (_as4(t) for t in (query, key, value))  # (B, H, T, ·)
+        out, lse = _ring_forward(plan, q4, k4, v4)
         ctx.save_for_backward(query, key, value, out, lse)
         ctx.plan = plan
-        return out.flatten(-4, -3).to(query.dtype) if plan.gqa > 1 else out.to(query.dtype)
+        return out.reshape(*query.shape[:-1], plan.dv).to(query.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
         query, key, value, out, lse = ctx.saved_tensors
         plan = ctx.plan
-        dq, dk, dv = _ring_backward(plan, query, key, value, out, lse, grad_out)
-        if plan.gqa > 1:
-            dq = dq.flatten(-4, -3)
-        return dq.to(query.dtype), dk.to(key.dtype), dv.to(value.dtype), None
+        q4, k4, v4, do = (_as4(t) for t in (query, key, value, grad_out))
+        dq, dk, dv = _ring_backward(plan, q4, k4, v4, out, lse, do)
+        return (
+            dq.reshape(query.shape).to(query.dtype),
+            dk.reshape(key.shape).to(key.dtype),
+            dv.reshape(value.shape).to(value.dtype),
+            None,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -637,8 +570,9 @@ def ring_attention(
             :func:`shard_sequence` makes them; balances causal work).
         enable_gqa: grouped-query attention (query head h uses key/value head h // (H // Hkv)); only
             the Hkv key/value heads travel.
-        block_size: rows per tile inside a rank (query and key tiles); bounds the scores held at once to
-            block_size² per head. ``None``: one tile per rank's block.
+        block_size: block size of the engine's plan inside a rank (and of the exact kernel's tiles, which
+            bound the scores held at once to block_size² per head); ``stats`` counts tiles of this size.
+            ``None``: one tile per rank's block. The fused kernel's memory is O(T) whatever it is.
         overlap: post the next block's send/receive before computing the current block (default). False
             waits for the transfer first — for measuring what the overlap buys.
         stats: a :class:`RingStats` to which this call (and its backward) adds bytes sent, tiles
@@ -716,21 +650,21 @@ def ring_attention(
     q_total, k_total = sum(q_lens), sum(k_lens)
 
     block = block_size or max(1, max(q_lens + k_lens))
-    q_segs = _segments(q_lens, rank, layout)
-    k_tiles = [_tiles(_segments(k_lens, r, layout), block) for r in range(len(k_lens))]
+    off = k_total - q_total  # bottom-right: query i of the full sequence at key position Tk - Tq + i
+    q_segs = [(local, glob + off, n) for local, glob, n in _segments(q_lens, rank, layout)]
     plan = _Plan(
         ring=_Ring(group, stats),
         scale=scale,
         causal=is_causal,
         q_lens=q_lens,
         k_lens=k_lens,
-        q_tiles=_tiles(q_segs, block, offset=k_total - q_total),  # bottom-right: query i at Tk - Tq + i
-        k_tiles=k_tiles,
-        k_batch=tuple(key.shape[:-2]),
+        q_segs=q_segs,
+        k_segs=[_segments(k_lens, r, layout) for r in range(len(k_lens))],
+        k_batch=tuple(_as4(key[..., :0, :0]).shape[:2]),
         d=d,
         dv=dv,
         acc=torch.promote_types(query.dtype, torch.float32),
-        gqa=gqa,
+        block=block,
         overlap=overlap,
         stats=stats,
     )

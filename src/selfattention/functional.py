@@ -31,7 +31,7 @@ import torch
 
 from . import _hooks
 from ._validation import check_dropout, check_mask, check_qkv, resolve_scale
-from .masks import causal_mask
+from .visibility import Visibility, as_visibility
 
 __all__ = [
     "AttentionSteps",
@@ -116,26 +116,18 @@ def _guarded_matmul(
     return torch.where(touches, honest, clean)
 
 
-def _visible(
-    attn_mask: torch.Tensor | None,
-    is_causal: bool,
-    shape: tuple[int, ...],
-    device: torch.device,
-) -> torch.Tensor | None:
+def _visible(vis: Visibility, shape: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
     """Bool (…, Tq, Tk) of the keys each query may see, or None when every key is visible."""
-    q_len, k_len = shape[-2], shape[-1]
-    visible = causal_mask(q_len, k_len, device=device) if is_causal else None
-    if attn_mask is not None:
-        keep = attn_mask if attn_mask.dtype == torch.bool else attn_mask != float("-inf")
-        visible = keep if visible is None else visible & keep
-    return None if visible is None else visible.expand(shape)
+    if not (vis.structural or vis.q_doc is not None or vis.attn_mask is not None):
+        return None
+    return vis.to_mask(device).expand(shape)
 
 
 def attention_steps(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | Visibility | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
     scale: float | None = None,
@@ -159,11 +151,13 @@ def attention_steps(
             [0.6605, 1.3395]])
     """
     batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    vis = as_visibility(attn_mask, is_causal, q_len, k_len)
+    attn_mask = vis.attn_mask
     check_mask(attn_mask, batch, q_len, k_len, query.device)
     dropout_p = check_dropout(dropout_p)
     scale = resolve_scale(scale, query.shape[-1])
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
 
     if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
         group = query.shape[-3] // key.shape[-3]
@@ -174,7 +168,7 @@ def attention_steps(
     acc = torch.promote_types(query.dtype, torch.float32)
     q, k, v = query.to(acc), key.to(acc), value.to(acc)
     score_shape = (*batch, q_len, k_len)
-    visible = _visible(attn_mask, is_causal, score_shape, query.device)
+    visible = _visible(vis, score_shape, query.device)
     all_visible = torch.ones((), dtype=torch.bool, device=query.device).expand(score_shape)
     visible_or_all = all_visible if visible is None else visible
     if visible is not None and not _all_finite(q):
@@ -241,26 +235,28 @@ def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attn_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | Visibility | None = None,
     dropout_p: float = 0.0,
     is_causal: bool = False,
     scale: float | None = None,
     *,
     enable_gqa: bool = False,
     training: bool = True,
-    backend: str | None = None,
 ) -> torch.Tensor:
-    """softmax(Q Kᵀ · scale + mask) V — lecture 003's Attention(Q, K, V) = softmax(QKᵀ/√dₖ)·V.
+    """softmax(Q Kᵀ · scale + mask) V — lecture 003's Attention(Q, K, V) = softmax(QKᵀ/√dₖ)·V: the spec.
 
     A drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (same argument order and
     layout), with these documented differences: causal masks are aligned bottom-right, a query with no
-    visible key returns zeros instead of NaN, and masked-out keys never leak into the result.
+    visible key returns zeros instead of NaN, and masked-out keys never leak into the result. The public
+    :func:`selfattention.scaled_dot_product_attention` adds ``backend=`` to run a faster path instead
+    (:mod:`selfattention.backends`); every path is tested against this one.
 
     Args:
         query: (..., H, Tq, D) floating tensor.
         key: (..., Hkv, Tk, D), same dtype and device as ``query``.
         value: (..., Hkv, Tk, Dv).
-        attn_mask: optional, broadcastable to (..., H, Tq, Tk).
+        attn_mask: optional, broadcastable to (..., H, Tq, Tk), or a
+            :class:`~selfattention.visibility.Visibility` (causal at an offset, window, documents, mask).
             * bool: True = this query may attend to this key. E.g. a 2-query × 3-key mask::
 
                   1 1 0      query 0 sees keys 0, 1
@@ -278,9 +274,6 @@ def scaled_dot_product_attention(
         enable_gqa: allow H to be a multiple of Hkv (grouped-query attention; query head h uses
             key/value head h // (H // Hkv)).
         training: whether dropout applies.
-        backend: ``None`` or ``"reference"`` for this function's materialising math; another name from
-            :mod:`selfattention.backends` (e.g. ``"torch"``, ``"tiled"``) to run that path instead.
-            An unknown name raises ``ValueError``; there is no silent fallback.
 
     Returns:
         Context vectors, (..., H, Tq, Dv), dtype of ``query``. A query row with no visible key (fully
@@ -290,27 +283,13 @@ def scaled_dot_product_attention(
     Raises:
         TypeError: non-tensor or non-floating inputs, mixed dtypes, integer masks.
         ValueError: rank/size/head mismatches, a mask that does not broadcast, different devices,
-            dropout_p outside [0, 1), non-finite scale, unknown backend.
+            dropout_p outside [0, 1), non-finite scale.
 
     >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     >>> scaled_dot_product_attention(q, q, 2 * q)     # lecture 003: outputs (1.340, 0.660), (0.660, 1.340)
     tensor([[1.3395, 0.6605],
             [0.6605, 1.3395]])
     """
-    if backend is not None and backend != "reference":
-        from .backends import get_backend
-
-        return get_backend(backend)(
-            query,
-            key,
-            value,
-            attn_mask=attn_mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
-            scale=scale,
-            enable_gqa=enable_gqa,
-            training=training,
-        )
     return attention_steps(
         query,
         key,

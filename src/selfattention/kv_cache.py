@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_positive_int
+from .visibility import Visibility
 
 __all__ = ["KVCache", "CacheCapacityError"]
 
@@ -77,12 +78,14 @@ class KVCache:
 
     >>> cache = KVCache(batch_size=1, num_kv_heads=1, head_dim=2, capacity=8)
     >>> k = torch.randn(1, 1, 3, 2)
-    >>> keys, values, mask = cache.update(k, k)          # prefill 3 tokens (positions 0-2)
+    >>> keys, values, visibility = cache.update(k, k)          # prefill 3 tokens (positions 0-2)
     >>> keys.shape, cache.offset
     (torch.Size([1, 1, 3, 2]), 3)
     >>> from selfattention.masks import draw
-    >>> _, _, mask = cache.update(torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2))  # positions 3-4
-    >>> print(draw(mask))
+    >>> _, _, visibility = cache.update(torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2))  # positions 3-4
+    >>> visibility
+    Visibility(q_len=2, k_len=5, is_causal=True, window=None, q_offset=None)
+    >>> print(draw(visibility))
     1 1 1 1 0
     1 1 1 1 1
     """
@@ -199,7 +202,7 @@ class KVCache:
         key: torch.Tensor,
         value: torch.Tensor,
         key_padding_mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, Visibility]:
         """Append the keys/values of ``Tq`` new tokens and return what they attend over.
 
         Args:
@@ -209,12 +212,14 @@ class KVCache:
                 the keys, so later queries never attend to a padding token either.
 
         Returns:
-            ``(keys, values, attn_mask)``: keys (B, Hkv, Tk, D) and values (B, Hkv, Tk, Dv) are the kept
+            ``(keys, values, visibility)``: keys (B, Hkv, Tk, D) and values (B, Hkv, Tk, Dv) are the kept
             past followed by the new tokens (views of the buffers, valid until the next update, or new
-            tensors when the new keys/values require grad); the new tokens are the last Tq of the Tk. ``attn_mask`` is bool, True = attend, of shape
-            (Tq, Tk) — or (B, 1, Tq, Tk) when padding is present — placing query i at position
-            ``offset + i`` (causal, and inside the window if any). It is ``None`` when every key is
-            visible (one new token, no window, no padding).
+            tensors when the new keys/values require grad); the new tokens are the last Tq of the Tk.
+            ``visibility`` is a :class:`~selfattention.visibility.Visibility` — causal with query i at
+            position ``offset + i`` (bottom-right), inside the window if any, with the padding flags as a
+            (B, 1, 1, Tk) key mask — that every attention function takes as ``attn_mask``: the block
+            engine plans with it instead of a dense (Tq, Tk) mask; ``visibility.to_mask()`` gives the
+            dense bool mask (True = attend).
 
         Autograd: the cache stores ``key.detach()`` / ``value.detach()``, so the buffers never require
         grad and no graph outlives the call (decoding without ``torch.no_grad()`` does not leak memory).
@@ -285,17 +290,8 @@ class KVCache:
                 self.real[:, :keep] = real[:, total - keep :]
             self._stored = keep
 
-        # Positions: queries at offset .. offset + n - 1; keys at offset - past .. offset + n - 1.
-        start = self.offset
+        # Positions: queries at offset .. offset + n - 1; keys at offset - past .. offset + n - 1, so query i
+        # sits at key index past + i = Tk - Tq + i: bottom-right, the engine's default.
         self.offset += n
-        mask: torch.Tensor | None = None
-        if n > 1 or window is not None:
-            q_pos = torch.arange(start, start + n, device=keys.device)[:, None]  # (Tq, 1)
-            k_pos = torch.arange(start - past, start + n, device=keys.device)[None, :]  # (1, Tk)
-            mask = k_pos <= q_pos
-            if window is not None:
-                mask = mask & (k_pos > q_pos - window)
-        if self._padded:
-            pad = real[:, None, None, :]  # (B, 1, 1, Tk)
-            mask = pad if mask is None else mask & pad
-        return keys, values, mask
+        pad = real[:, None, None, :] if self._padded else None  # (B, 1, 1, Tk)
+        return keys, values, Visibility(n, total, is_causal=True, window=window, attn_mask=pad)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from ._validation import check_positive_int
+from .visibility import Visibility, same_document
 
 __all__ = [
     "causal_mask",
@@ -42,15 +43,6 @@ def _check_len(name: str, n: object) -> int:
     if n < 0:
         raise ValueError(f"{name} must be >= 0, got {n}")
     return n
-
-
-def _positions(
-    q_len: int, k_len: int, device: torch.device | str | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Absolute positions: query i at ``k_len - q_len + i`` (bottom-right), key j at ``j``."""
-    q_pos = torch.arange(q_len, device=device) + (k_len - q_len)  # (Tq,)
-    k_pos = torch.arange(k_len, device=device)  # (Tk,)
-    return q_pos[:, None], k_pos[None, :]
 
 
 def causal_mask(
@@ -74,8 +66,7 @@ def causal_mask(
     """
     q_len = _check_len("q_len", q_len)
     k_len = q_len if k_len is None else _check_len("k_len", k_len)
-    q_pos, k_pos = _positions(q_len, k_len, device)
-    return k_pos <= q_pos
+    return Visibility(q_len, k_len, is_causal=True).structure(device)
 
 
 def sliding_window_mask(
@@ -96,8 +87,7 @@ def sliding_window_mask(
     q_len = _check_len("q_len", q_len)
     k_len = q_len if k_len is None else _check_len("k_len", k_len)
     window = check_positive_int("window", window)
-    q_pos, k_pos = _positions(q_len, k_len, device)
-    return (k_pos <= q_pos) & (k_pos > q_pos - window)
+    return Visibility(q_len, k_len, window=window).structure(device)
 
 
 def padding_mask(lengths: torch.Tensor | list[int], max_len: int | None = None) -> torch.Tensor:
@@ -145,7 +135,7 @@ def document_mask(q_doc_ids: torch.Tensor, k_doc_ids: torch.Tensor | None = None
     for name, ids in (("q_doc_ids", q_doc_ids), ("k_doc_ids", k_doc_ids)):
         if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.dim() < 1:
             raise ValueError(f"{name} must be an integer tensor of shape (..., T)")
-    return q_doc_ids[..., :, None] == k_doc_ids[..., None, :]
+    return same_document(q_doc_ids, k_doc_ids)
 
 
 def combine(*masks: torch.Tensor | None) -> torch.Tensor | None:
@@ -196,14 +186,15 @@ def from_torch_mha(mask: torch.Tensor) -> torch.Tensor:
     raise TypeError(f"mask must be bool or floating, got {mask.dtype}")
 
 
-def draw(mask: torch.Tensor) -> str:
-    """Render a 2-D mask as rows of 1 (attend) and 0 (hidden), for docs and error messages.
+def draw(mask: torch.Tensor | Visibility) -> str:
+    """Render a 2-D mask (or a :class:`~selfattention.visibility.Visibility`) as rows of 1 (attend) and
+    0 (hidden), for docs and error messages; leading dims are indexed at 0.
 
     >>> print(draw(causal_mask(2, 3)))
     1 1 0
     1 1 1
     """
-    m = mask
+    m = mask.to_mask() if isinstance(mask, Visibility) else mask
     if m.is_floating_point():
         m = m != float("-inf")
     while m.dim() > 2:

@@ -26,7 +26,9 @@ from torch import nn
 from . import _hooks
 from . import functional as F
 from ._validation import check_bool, check_dropout, check_positive_int
+from .backends import scaled_dot_product_attention
 from .kv_cache import KVCache
+from .visibility import Visibility
 
 __all__ = ["MultiHeadAttention", "merge_masks"]
 
@@ -35,10 +37,14 @@ def _fmt(shape: torch.Size | tuple[int, ...]) -> str:
     return "(" + ", ".join(str(s) for s in shape) + ")"
 
 
-def merge_masks(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    """Combine two masks of this library's convention (bool True = attend, or additive float).
+def merge_masks(
+    a: torch.Tensor | Visibility | None, b: torch.Tensor | Visibility | None
+) -> torch.Tensor | Visibility | None:
+    """Combine two masks of this library's convention (bool True = attend, or additive float, or a
+    :class:`~selfattention.visibility.Visibility`).
 
-    bool & bool → AND; float + bool → the float with hidden positions set to -inf; float + float → sum.
+    bool & bool → AND; float + bool → the float with hidden positions set to -inf; float + float → sum;
+    a Visibility absorbs a tensor mask (``Visibility.with_mask``).
 
     >>> merge_masks(torch.tensor([True, False]), torch.tensor([0.5, 0.0]))
     tensor([0.5000,   -inf])
@@ -47,6 +53,11 @@ def merge_masks(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor 
         return b
     if b is None:
         return a
+    if isinstance(a, Visibility) or isinstance(b, Visibility):
+        vis, other = (a, b) if isinstance(a, Visibility) else (b, a)
+        if isinstance(other, Visibility):
+            raise ValueError("cannot merge two Visibility objects; combine their constraints in one")
+        return vis.with_mask(other)
     if a.dtype == torch.bool and b.dtype == torch.bool:
         return a & b
     if a.dtype == torch.bool:
@@ -329,7 +340,7 @@ class MultiHeadAttention(nn.Module):
             if need_weights:
                 weights = steps.weights
         else:
-            context = F.scaled_dot_product_attention(
+            context = scaled_dot_product_attention(
                 q,
                 k,
                 v,

@@ -14,6 +14,7 @@ from torch import nn
 from . import _hooks
 from . import functional as F
 from ._validation import check_positive_int
+from .backends import scaled_dot_product_attention
 
 __all__ = ["SimpleSelfAttention", "SelfAttention"]
 
@@ -86,7 +87,7 @@ class SelfAttention(nn.Module):
         query = self.W_query(x)  # (..., T, d_out)
         key = self.W_key(x)  # (..., T, d_out)
         value = self.W_value(x)  # (..., T, d_out)
-        return F.scaled_dot_product_attention(
+        return scaled_dot_product_attention(
             query, key, value, attn_mask=attn_mask, is_causal=is_causal, backend=self.backend
         )
 

@@ -1,0 +1,375 @@
+"""The block engine: a :class:`~selfattention.kernels.plan.Plan` executed by one block kernel, forward and
+backward, with the log-sum-exp merge, and an autograd function around it.
+
+Everything here works on the canonical layout: query (B, H, Tq, D), key (B, Hkv, Tk, D), value
+(B, Hkv, Tk, Dv) with H a multiple of Hkv (grouped-query heads: query head h uses key/value head h // G),
+and a :class:`~selfattention.visibility.Visibility` whose mask is 4-D. :mod:`selfattention.tiled` turns the
+public arguments into this form.
+
+Kernel choice (:func:`choose_kernel`): the vendor kernel (:mod:`.vendor`) unless the problem needs what
+only the exact kernel (:mod:`.exact`) offers — the reason is returned, shown by ``selfattention bench``,
+never a silent change of results.
+
+Backward: every call's share of the gradient comes from the final output and log-sum-exp of its rows, so
+the calls are independent (FlashAttention-2, Algorithm 2; ring-flash-attention does the same per ring
+step). Double backward (``create_graph=True``) recomputes through the spec: exact, O(T²) memory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..visibility import Visibility
+from . import exact, vendor
+from .exact import Dropout
+from .merge import merge_into
+from .plan import Call, Plan, make_plan
+
+__all__ = ["Problem", "choose_kernel", "make_problem", "forward", "backward", "attention", "KERNELS"]
+
+KERNELS = ("vendor", "exact")
+
+
+@dataclass
+class Problem:
+    """One attention problem, planned: what the forward and the backward both need."""
+
+    vis: Visibility
+    scale: float
+    plan: Plan
+    kernel: str
+    reason: str
+    compute: torch.dtype  # dtype the kernel computes in
+    dropout: Dropout | None = None
+    mask_grad: bool = False
+    exact_block_q: int = 256
+    exact_block_k: int = 1024
+
+
+def _finite(t: torch.Tensor | None) -> bool:
+    return t is None or t.numel() == 0 or bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
+def choose_kernel(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    vis: Visibility,
+    *,
+    dropout_p: float = 0.0,
+    mask_grad: bool = False,
+    kernel: str | None = None,
+) -> tuple[str, str]:
+    """(kernel name, why). ``kernel=None`` picks the vendor kernel whenever it can serve the problem;
+    ``"vendor"`` raises ``ValueError`` with the reason when it cannot; ``"exact"`` is always possible."""
+    if kernel is not None and kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS} or None, got {kernel!r}")
+    if kernel == "exact":
+        return "exact", "asked for"
+    why = None
+    mask = vis.attn_mask
+    if not (_finite(query) and _finite(key) and _finite(value)):
+        why = "inputs hold NaN/inf (a fused kernel lets a hidden NaN leak through 0 · NaN)"
+    elif mask is not None and mask.is_floating_point() and bool((mask == math.inf).any()):
+        why = "the float mask holds +inf"
+    elif dropout_p > 0.0:
+        why = "dropout (its mask is replayed tile by tile in the backward)"
+    elif mask_grad:
+        why = "the float mask requires grad (fused backwards return no dS)"
+    elif query.shape[-1] == 0 or value.shape[-1] == 0:
+        why = "an empty head_dim"
+    else:
+        why = vendor.unavailable(query.device, query.dtype)
+    if why is None:
+        return "vendor", "fused kernel"
+    if kernel == "vendor":
+        raise ValueError(f"kernel='vendor' cannot serve this problem: {why}")
+    return "exact", why
+
+
+def make_problem(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    vis: Visibility,
+    scale: float,
+    *,
+    dropout_p: float = 0.0,
+    dropout_seed: int | None = None,
+    mask_grad: bool = False,
+    kernel: str | None = None,
+    block_q: int = 128,
+    block_k: int = 512,
+) -> Problem:
+    """Choose the kernel and plan the calls (canonical 4-D inputs, see the module docstring)."""
+    name, reason = choose_kernel(
+        query, key, value, vis, dropout_p=dropout_p, mask_grad=mask_grad, kernel=kernel
+    )
+    compute = torch.promote_types(query.dtype, torch.float32)
+    if name == "vendor":
+        compute = vendor.compute_dtype(query.device, query.dtype)
+    dropout = None
+    if dropout_p > 0.0:
+        seed = int(torch.randint(0, 2**62, (), device="cpu")) if dropout_seed is None else int(dropout_seed)
+        dropout = Dropout(dropout_p, seed)
+    plan = make_plan(vis, block_q, block_k, every_tile=mask_grad)
+    return Problem(
+        vis=vis,
+        scale=scale,
+        plan=plan,
+        kernel=name,
+        reason=reason,
+        compute=compute,
+        dropout=dropout,
+        mask_grad=mask_grad,
+        exact_block_q=max(block_q, 64),
+        exact_block_k=max(block_k, 256),
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Views of one call
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _call_views(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """(query rows, keys, values, head slice) per kernel call: one for a plain call; for ``count`` stacked
+    calls, strided views (B·H, count, rows, D) / (B·Hkv, count, cols, D) — one per query-head group with
+    grouped heads, so that each view has as many query as key/value heads. Nothing is copied."""
+    r0, r1 = call.r0, call.r1
+    if call.count == 1:
+        yield q[:, :, r0:r1], k[:, :, call.c0 : call.c1], v[:, :, call.c0 : call.c1], slice(None)
+        return
+    h, hkv = q.shape[1], k.shape[1]
+    g = h // hkv
+
+    def band(t: torch.Tensor) -> torch.Tensor:  # (B, Hk, C, X) → (B·Hk, count, cols, X)
+        t = t[:, :, call.c0 : call.c1].unfold(2, call.cols, call.step)  # (B, Hk, count, X, cols)
+        return t.transpose(-1, -2).flatten(0, 1)
+
+    kb, vb = band(k), band(v)
+    for gi in range(g):
+        heads = slice(gi, None, g) if g > 1 else slice(None)
+        qg = q[:, heads, r0:r1].unflatten(2, (call.count, call.rows)).flatten(0, 1)  # (B·Hkv, count, rows, D)
+        yield qg, kb, vb, heads
+
+
+def _unstack(call: Call, t: torch.Tensor, b: int) -> torch.Tensor:
+    """A kernel result (B·Hx, count, rows, ...) of a stacked call back to (B, Hx, count·rows, ...)."""
+    if call.count == 1:
+        return t
+    return t.unflatten(0, (b, -1)).flatten(2, 3)
+
+
+def _fold(call: Call, t: torch.Tensor, b: int, into: torch.Tensor) -> None:
+    """Add per-sub-call key gradients (B·Hkv, count, cols, X) into ``into`` (B, Hkv, Tk, X)."""
+    if call.count == 1:
+        into[:, :, call.c0 : call.c1] += t
+        return
+    t = t.unflatten(0, (b, -1))  # (B, Hkv, count, cols, X)
+    if call.step == call.cols:
+        into[:, :, call.c0 : call.c1] += t.flatten(2, 3)
+        return
+    for n in range(call.count):  # overlapping bands
+        c = call.c0 + n * call.step
+        into[:, :, c : c + call.cols] += t[:, :, n]
+
+
+def _tile(prob: Problem, call: Call, device: torch.device) -> torch.Tensor | None:
+    if not call.tile:
+        return None
+    return prob.vis.tile(
+        call.r0,
+        call.r0 + call.rows,
+        call.c0,
+        call.c0 + call.cols,
+        prob.compute,
+        device,
+        structure=not call.causal,
+    )
+
+
+def _row_seen(bias: torch.Tensor) -> torch.Tensor:
+    """Bool (b, h, rows) of the rows that see at least one key of a bias tile."""
+    return (bias != -math.inf).any(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Forward and backward over the plan
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
+    if prob.kernel == "vendor":
+        o, l = vendor.forward(qv, kv, vv, bias, call.causal, prob.scale)
+        if bias is not None:  # the fused kernel gives a row that sees nothing lse = 0: make it −inf
+            seen = _row_seen(bias)
+            if not bool(seen.all()):
+                l = torch.where(seen, l, torch.full((), -math.inf, dtype=l.dtype, device=l.device))
+        return o, l
+    drop = None if prob.dropout is None else prob.dropout.at(call.r0, call.c0)
+    return exact.forward(
+        qv,
+        kv,
+        vv,
+        bias,
+        call.causal,
+        prob.scale,
+        dropout=drop,
+        block_q=prob.exact_block_q,
+        block_k=prob.exact_block_k,
+    )
+
+
+def forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prob: Problem
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, H, Tq, Dv), lse (B, H, Tq)) in the compute dtype; rows that see no key: 0 and −inf."""
+    b, h, tq, _ = q.shape
+    out = q.new_zeros((b, h, tq, v.shape[-1]))
+    lse = q.new_full((b, h, tq), -math.inf)
+    touched = torch.zeros(tq, dtype=torch.bool)
+    for call in prob.plan.calls:
+        bias = _tile(prob, call, q.device)
+        rows = slice(call.r0, call.r1)
+        merge = bool(touched[rows].any())
+        for qv, kv, vv, heads in _call_views(call, q, k, v):
+            o, l = _kernel_forward(prob, call, qv, kv, vv, bias)
+            o, l = _unstack(call, o, b), _unstack(call, l, b)
+            if merge:
+                merge_into(out[:, heads, rows], lse[:, heads, rows], o, l)
+            else:
+                out[:, heads, rows] = o
+                lse[:, heads, rows] = l
+        touched[rows] = True
+    return out, lse
+
+
+def backward(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    prob: Problem,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dq, dk, dv, dmask) in the compute dtype; ``dmask`` (the shape of ``mask``, the canonical 4-D float
+    mask) only when the problem has ``mask_grad``."""
+    b = q.shape[0]
+    blind = lse == -math.inf
+    if bool(blind.any()):
+        dout = torch.where(blind[..., None], torch.zeros((), dtype=dout.dtype, device=dout.device), dout)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dmask = None
+    if prob.mask_grad and mask is not None:
+        dmask = torch.zeros(mask.shape, dtype=prob.compute, device=q.device)
+    for call in prob.plan.calls:
+        bias = _tile(prob, call, q.device)
+        rows = slice(call.r0, call.r1)
+        dbias = None if dmask is None or bias is None else torch.zeros_like(bias)
+        for qv, kv, vv, heads in _call_views(call, q, k, v):
+            sub = _stack_rows(call, dout[:, heads, rows], out[:, heads, rows], lse[:, heads, rows])
+            if prob.kernel == "vendor":
+                gq, gk, gv = vendor.backward(*sub[:1], qv, kv, vv, *sub[1:], bias, call.causal, prob.scale)
+            else:
+                drop = None if prob.dropout is None else prob.dropout.at(call.r0, call.c0)
+                gq, gk, gv = exact.backward(
+                    sub[0], qv, kv, vv, sub[1], sub[2], bias, call.causal, prob.scale, dropout=drop, dbias=dbias,
+                    block_q=prob.exact_block_q, block_k=prob.exact_block_k,
+                )  # fmt: skip
+            dq[:, heads, rows] += _unstack(call, gq, b)
+            _fold(call, gk, b, dk)
+            _fold(call, gv, b, dv)
+        if dbias is not None:
+            ms = dmask[..., rows if dmask.shape[-2] != 1 else slice(None), _cols(call, dmask)]
+            ms += dbias.sum_to_size(ms.shape)
+    return dq, dk, dv, dmask
+
+
+def _cols(call: Call, m: torch.Tensor) -> slice:
+    return slice(call.c0, call.c1) if m.shape[-1] != 1 else slice(None)
+
+
+def _stack_rows(call: Call, *ts: torch.Tensor) -> list[torch.Tensor]:
+    """Row tensors (B, Hx, count·rows, ...) of a stacked call as (B·Hx, count, rows, ...)."""
+    if call.count == 1:
+        return list(ts)
+    return [t.unflatten(2, (call.count, call.rows)).flatten(0, 1) for t in ts]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Autograd
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _Attention(torch.autograd.Function):
+    """Forward and backward through the engine; saves q, k, v, the output and the log-sum-exp only."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, prob):  # type: ignore[override]
+        c = prob.compute
+        out, lse = forward(q.to(c).contiguous(), k.to(c).contiguous(), v.to(c).contiguous(), prob)
+        ctx.save_for_backward(q, k, v, mask, out, lse)
+        ctx.prob = prob
+        ctx.mark_non_differentiable(lse)
+        return out.to(q.dtype), lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):  # type: ignore[override]
+        q, k, v, mask, out, lse = ctx.saved_tensors
+        prob: Problem = ctx.prob
+        if torch.is_grad_enabled():  # create_graph=True: the spec's differentiable math, exact
+            return (*_spec_grads(ctx, q, k, v, mask, dout), None)
+        c = prob.compute
+        dq, dk, dv, dmask = backward(
+            dout.to(c).contiguous(), q.to(c).contiguous(), k.to(c).contiguous(), v.to(c).contiguous(),
+            out, lse, prob, mask,
+        )  # fmt: skip
+        if dmask is not None and mask is not None:
+            dmask = dmask.to(mask.dtype)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask, None
+
+
+def _spec_grads(ctx, q, k, v, mask, dout):
+    from ..functional import attention_steps
+
+    prob: Problem = ctx.prob
+    if prob.dropout is not None:
+        raise RuntimeError(
+            "double backward (create_graph=True) through attention with dropout is not supported: the "
+            "dropout mask of the first backward cannot be replayed by the spec; use dropout_p=0"
+        )
+    vis = prob.vis if mask is None else _with_live_mask(prob.vis, mask)
+    inputs = [t for t in (q, k, v, mask) if t is not None]
+    with torch.enable_grad():
+        out = attention_steps(q, k, v, attn_mask=vis, scale=prob.scale, enable_gqa=True).context
+        needed = [t for t in inputs if t.requires_grad]
+        grads = torch.autograd.grad(out, needed, dout, create_graph=True, allow_unused=True)
+    it = iter(grads)
+    res = [next(it) if t.requires_grad else None for t in inputs]
+    if mask is None:
+        res.append(None)
+    return res
+
+
+def _with_live_mask(vis: Visibility, mask: torch.Tensor) -> Visibility:
+    from dataclasses import replace
+
+    return replace(vis, attn_mask=mask)
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    prob: Problem,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out (B, H, Tq, Dv) in query's dtype, lse (B, H, Tq)) with autograd. ``mask`` is the canonical
+    float mask when its gradient is wanted (it must be ``prob.vis.attn_mask``), else None."""
+    return _Attention.apply(query, key, value, mask, prob)

@@ -1,0 +1,257 @@
+"""The block plan: which kernel calls compute an attention problem, and which parts are never computed.
+
+A :class:`~selfattention.visibility.Visibility` says which keys each query sees; the plan turns it into a
+short list of :class:`Call`\\ s, each a rectangle of query rows × key columns handed to one block kernel
+(:mod:`selfattention.kernels.vendor` or :mod:`selfattention.kernels.exact`). Rows covered by several calls
+are merged by log-sum-exp (:mod:`selfattention.kernels.merge`); rows covered by none see no key (zeros).
+The plan is built once and shared by the forward and the backward pass.
+
+Strategies, cheapest first (the vendor kernel is fastest on few, large calls):
+
+* nothing hidden → **one call** (what torch SDPA costs);
+* causal at an offset → a **dense prefix + the causal square** on the diagonal (the kernel's own causal
+  mask; a square call is the same top-left or bottom-right, so every vendor kernel agrees)::
+
+      Tq = 3, Tk = 5 (bottom-right)        keys →  0 1 │ 2 3 4
+                                           query 0  ■ ■ │ ◣ . .      ■ prefix call (no mask)
+                                           query 1  ■ ■ │ ◣ ◣ .      ◣ causal call
+                                           query 2  ■ ■ │ ◣ ◣ ◣
+
+* sliding window W → the rows whose window reaches key 0 as above, then **bands**: every block of
+  ``block_q`` rows sees W − 1 + block_q keys, with the same relative mask, so all those calls are **stacked
+  into one kernel call** through strided views of the keys (no copy);
+* sorted document ids shared by the batch → **one call per document** (stacked when documents repeat the
+  same size), each with the structure above inside;
+* anything else (dense masks, unsorted documents) → ``block_q`` × ``block_k`` blocks classified
+  skip / full / partial; each query block gets one call per run of non-skipped key blocks, with a bias
+  tile only when the run holds a partial block.
+
+A key-only mask (e.g. padding, shape (b, 1, 1, Tk)) rides along any of the first strategies as a broadcast
+bias and never needs a dense tile.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..visibility import FULL, PARTIAL, SKIP, Visibility
+
+__all__ = ["Call", "Plan", "make_plan"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One kernel call: query rows [r0, r0 + rows) × key columns [c0, c0 + cols), or ``count`` of them
+    stacked (sub-call n covers rows r0 + n·rows … and key columns c0 + n·step …).
+
+    ``causal``: the rectangle is a square on the diagonal and the kernel applies its own causal mask.
+    ``tile``: the kernel gets the bias of :meth:`Visibility.tile` (the same for every stacked sub-call).
+    """
+
+    r0: int
+    rows: int
+    c0: int
+    cols: int
+    causal: bool = False
+    tile: bool = False
+    count: int = 1
+    step: int = 0
+
+    @property
+    def r1(self) -> int:
+        return self.r0 + self.count * self.rows
+
+    @property
+    def c1(self) -> int:
+        return self.c0 + (self.count - 1) * self.step + self.cols
+
+    def entries(self) -> int:
+        """Score entries handed to the kernel (a causal square counts its lower triangle)."""
+        per = self.rows * (self.rows + 1) // 2 if self.causal else self.rows * self.cols
+        return per * self.count
+
+    def shifted(self, dr: int, dc: int) -> Call:
+        return replace(self, r0=self.r0 + dr, c0=self.c0 + dc)
+
+
+@dataclass
+class Plan:
+    """The calls of one problem; ``strategy`` names how they were chosen (for benchmarks and tests)."""
+
+    calls: list[Call] = field(default_factory=list)
+    strategy: str = "empty"
+    block_q: int = 128
+    block_k: int = 512
+
+    def entries(self) -> int:
+        return sum(c.entries() for c in self.calls)
+
+
+def _row_independent(vis: Visibility) -> bool:
+    m = vis.attn_mask
+    return m is None or m.shape[-2] == 1
+
+
+def make_plan(vis: Visibility, block_q: int, block_k: int, *, every_tile: bool = False) -> Plan:
+    """The calls that compute ``vis``'s problem (see the module docstring).
+
+    ``every_tile``: every non-skipped block gets a bias tile (the exact kernel then computes dS for the
+    gradient of a float mask everywhere it is added).
+    """
+    tq, tk = vis.q_len, vis.k_len
+    plan = Plan(block_q=block_q, block_k=block_k)
+    if tq == 0 or tk == 0:
+        return plan
+    if every_tile and vis.attn_mask is not None:
+        return _generic(vis, block_q, block_k, plan, every_tile=True)
+    if vis.q_doc is None and _row_independent(vis):
+        plan.calls = _structural(vis, 0, 0, tq, tk, block_q, vis.attn_mask is not None)
+        plan.strategy = "single" if not vis.structural else ("window" if vis.window else "causal")
+        return plan
+    if vis.attn_mask is None and _sorted_shared_docs(vis):
+        plan.calls = _documents(vis, block_q)
+        plan.strategy = "documents"
+        return plan
+    return _generic(vis, block_q, block_k, plan, every_tile=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Structural problems (causal / window at an offset), also the inside of one document
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _structural(
+    vis: Visibility, r_base: int, c_base: int, tq: int, tk: int, bq: int, tile: bool
+) -> list[Call]:
+    """Calls for query rows [0, tq) × keys [0, tk) of a problem whose only constraints are causal/window
+    (query i at key position ``off + i``), shifted by (r_base, c_base). ``tile``: a row-independent mask
+    rides along as a bias on every call."""
+    off = vis.offset
+    if not vis.structural:
+        return [Call(r_base, tq, c_base, tk, tile=tile)]
+    calls: list[Call] = []
+    d0, d1 = max(0, -off), max(0, min(tq, tk - off))  # rows whose position falls on a key
+    w = vis.window
+    if d1 > d0:
+        e = d1 if w is None else max(d0, min(d1, w - off))  # rows whose window reaches key 0 (pure causal)
+        if e - d0 == 1:  # one row: its whole past, no causal work (a decoding step)
+            calls.append(Call(d0, 1, 0, off + e, tile=tile))
+        elif e > d0:
+            if off + d0 > 0:
+                calls.append(Call(d0, e - d0, 0, off + d0, tile=tile))  # dense prefix
+            calls.append(Call(d0, e - d0, off + d0, e - d0, causal=True, tile=tile))  # diagonal square
+        if w is not None and d1 > e:
+            cols = w - 1 + bq
+            n = (d1 - e) // bq
+            if n and not tile:  # bands: rows [e, e + n·bq), block b sees keys off + e + b·bq − w + 1 … + cols
+                calls.append(Call(e, bq, off + e - w + 1, cols, tile=True, count=n, step=bq))
+            elif n:  # a mask rides along: its tile differs from band to band, so no stacking
+                calls += [Call(e + b * bq, bq, off + e + b * bq - w + 1, cols, tile=True) for b in range(n)]
+            a = e + n * bq
+            if d1 > a:
+                calls.append(Call(a, d1 - a, off + a - w + 1, w - 1 + d1 - a, tile=True))
+    if d1 < tq:
+        # rows at positions ≥ tk: every key is in the past; a window may have dropped the early ones
+        lo_rows = max(d1, d0)
+        if w is None:
+            calls.append(Call(lo_rows, tq - lo_rows, 0, tk, tile=tile))
+        else:
+            for a in range(lo_rows, tq, bq):
+                b = min(tq, a + bq)
+                c0 = max(0, off + a - w + 1)
+                if c0 < tk:
+                    calls.append(Call(a, b - a, c0, tk - c0, tile=True))
+    return [c.shifted(r_base, c_base) for c in calls]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Documents
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _runs(ids) -> list[tuple[int, int, int]]:
+    """(id, start, end) of the runs of equal ids in a 1-D integer tensor."""
+    vals = ids.tolist()
+    runs, start = [], 0
+    for i in range(1, len(vals) + 1):
+        if i == len(vals) or vals[i] != vals[start]:
+            runs.append((vals[start], start, i))
+            start = i
+    return runs
+
+
+def _sorted_shared_docs(vis: Visibility) -> bool:
+    if vis.q_doc is None:
+        return False
+    for ids in (vis.q_doc, vis.k_doc):
+        if ids.shape[0] > 1 and not bool((ids == ids[:1]).all()):
+            return False
+        row = ids[0]
+        if row.numel() > 1 and not bool((row[1:] >= row[:-1]).all()):
+            return False
+    return True
+
+
+def _documents(vis: Visibility, bq: int) -> list[Call]:
+    k_runs = {d: (c, e) for d, c, e in _runs(vis.k_doc[0])}
+    docs = []  # (a, c, sub-calls relative to the document's corner)
+    for d, a, b in _runs(vis.q_doc[0]):
+        if d not in k_runs:
+            continue  # these queries see no key
+        c, e = k_runs[d]
+        sub = Visibility(
+            b - a, e - c, is_causal=vis.is_causal, window=vis.window, q_offset=vis.offset + a - c
+        )
+        docs.append((a, c, b - a, e - c, _structural(sub, 0, 0, b - a, e - c, bq, False)))
+    calls: list[Call] = []
+    i = 0
+    while i < len(docs):
+        a, c, lq, lk, sub = docs[i]
+        j = i + 1
+        stackable = all(s.count == 1 and s.r0 == 0 and s.rows == lq for s in sub)
+        while stackable and j < len(docs):
+            a2, c2, lq2, lk2, sub2 = docs[j]
+            if (lq2, lk2, sub2) != (lq, lk, sub) or a2 != a + (j - i) * lq or c2 != c + (j - i) * lk:
+                break
+            j += 1
+        n = j - i
+        for s in sub:
+            if n > 1:
+                calls.append(replace(s.shifted(a, c), count=n, step=lk))
+            else:
+                calls.append(s.shifted(a, c))
+        i = j
+    return calls
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Anything else: a grid of blocks
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _generic(vis: Visibility, bq: int, bk: int, plan: Plan, *, every_tile: bool) -> Plan:
+    tq, tk = vis.q_len, vis.k_len
+    rows = [(i, min(tq, i + bq)) for i in range(0, tq, bq)]
+    cols = [(j, min(tk, j + bk)) for j in range(0, tk, bk)]
+    mkinds = vis.mask_kinds(rows, cols)
+    for a, (i0, i1) in enumerate(rows):
+        run: list[tuple[int, int, int]] = []
+        for c, (j0, j1) in enumerate(cols):
+            kind = SKIP if int(mkinds[a, c]) == SKIP else vis.kind(i0, i1, j0, j1)
+            if kind != SKIP and int(mkinds[a, c]) == PARTIAL:
+                kind = PARTIAL
+            if kind == SKIP:
+                _flush(plan.calls, i0, i1, run, every_tile)
+                run = []
+            else:
+                run.append((j0, j1, kind))
+        _flush(plan.calls, i0, i1, run, every_tile)
+    plan.strategy = "blocks"
+    return plan
+
+
+def _flush(calls: list[Call], i0: int, i1: int, run: list[tuple[int, int, int]], every_tile: bool) -> None:
+    if not run:
+        return
+    tile = every_tile or any(kind != FULL for _, _, kind in run)
+    calls.append(Call(i0, i1 - i0, run[0][0], run[-1][1] - run[0][0], tile=tile))
