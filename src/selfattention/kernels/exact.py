@@ -180,7 +180,9 @@ def backward(
     hkv, cols = k.shape[1], k.shape[2]
     g = h // hkv
     blind = lse == _NEG_INF  # (B, H, R)
+    blind5 = None
     if bool(blind.any()):
+        blind5 = blind.unflatten(1, (hkv, g))[..., None]  # (B, Hkv, G, R, 1)
         zero = torch.zeros((), dtype=q.dtype, device=q.device)
         q = torch.where(blind[..., None] & ~torch.isfinite(q), zero, q)
         dout = torch.where(blind[..., None], zero, dout)
@@ -211,6 +213,8 @@ def backward(
             p = torch.exp(s - lb)  # (B, Hkv, G, r, w); 0 where hidden and for blind rows
             if guard:  # a NaN row (ℓ = NaN) still gives exactly 0 where it cannot see
                 p = p.masked_fill(hidden, 0.0)
+            if blind5 is not None:  # a row that sees nothing takes no part, whatever its scores are
+                p = p.masked_fill(blind5[..., i0:i1, :], 0.0)
             vt = v[:, :, None, j0:j1].transpose(-1, -2)  # (B, Hkv, 1, Dv, w)
             dp = dob @ vt
             if dropout is not None:

@@ -112,7 +112,15 @@ def make_plan(vis: Visibility, block_q: int, block_k: int, *, every_tile: bool =
         plan.calls = _documents(vis, block_q)
         plan.strategy = "documents"
         return plan
-    return _generic(vis, block_q, block_k, plan, every_tile=False)
+    plan = _generic(vis, block_q, block_k, plan, every_tile=False)
+    if vis.q_doc is None and not vis.structural and _covers_everything(plan, tq, tk):
+        # a dense mask that hides no whole block: one call with the whole bias beats a call per block
+        plan.calls, plan.strategy = [Call(0, tq, 0, tk, tile=True)], "single"
+    return plan
+
+
+def _covers_everything(plan: Plan, tq: int, tk: int) -> bool:
+    return sum(c.rows * c.cols for c in plan.calls) == tq * tk
 
 
 # ---------------------------------------------------------------------------------------------------------
