@@ -351,8 +351,7 @@ def tiled_attention_with_stats(
         with torch.no_grad():
             q, k, v = (t.to(prob.compute).contiguous() for t in (c.q, c.k, c.v))
             out4, lse = engine.forward(q, k, v, prob)
-            qs, ks = q.to(acc), k.to(acc)
-            ent, tw, ti, cs = sweep(qs, ks, lse.to(acc), prob, top_k, column_sums)
+            ent, tw, ti, cs = sweep(q.to(acc), k.to(acc), lse.to(acc), prob, top_k, column_sums)
             lse = lse.to(acc)
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value, attn_mask)

@@ -55,18 +55,21 @@ def sweep(
     for canonical q (B, H, Tq, D), k (B, Hkv, Tk, D) in the compute dtype and the final ``lse``."""
     b, h, tq, _ = q.shape
     tk = k.shape[2]
-    psum = q.new_zeros((b, h, tq))  # Σ α s
-    vals = q.new_full((b, h, tq, top_k), -math.inf)
+    ent = q.new_zeros((b, h, tq))  # −Σ α log α
+    vals = q.new_full((b, h, tq, top_k), -math.inf)  # log α of the best keys so far
     idx = torch.full((b, h, tq, top_k), -1, dtype=torch.int64, device=q.device)
     cols = q.new_zeros((b, h, tk, 1)) if columns else None
-    lse_ref = torch.where(lse == -math.inf, torch.full((), math.inf, dtype=lse.dtype, device=lse.device), lse)
+    # log α = s − ℓ; a row that sees nothing gets ℓ = +inf, so α = 0 everywhere
+    neg_lse = torch.where(lse == -math.inf, torch.full((), -math.inf, dtype=lse.dtype, device=lse.device), -lse)
+    qs = q * prob.scale
+    blind = bool((lse == -math.inf).any())  # such rows make every tile's scores −inf
     for call in prob.plan.calls:
         bias = _tile(prob, call, q.device)
         rows = slice(call.r0, call.r1)
-        for qv, kv, _, heads in _call_views(call, q, k, k[..., :0]):
-            (lv,) = _stack_rows(call, lse_ref[:, heads, rows])
-            ps, tv, ti, cs = _sweep_view(qv, kv, lv, bias, call, prob, top_k, columns)
-            psum[:, heads, rows] += _unstack(call, ps, b)
+        for qv, kv, _, heads in _call_views(call, qs, k, k[..., :0]):
+            (nl,) = _stack_rows(call, neg_lse[:, heads, rows])
+            e, tv, ti, cs = _sweep_view(qv, kv, nl, bias, call, top_k, columns, blind)
+            ent[:, heads, rows] += _unstack(call, e, b)
             merged_v = torch.cat([vals[:, heads, rows], _unstack(call, tv, b)], dim=-1)
             merged_i = torch.cat([idx[:, heads, rows], _unstack(call, ti, b)], dim=-1)
             best_v, pick = merged_v.topk(top_k, dim=-1)
@@ -74,49 +77,90 @@ def sweep(
             idx[:, heads, rows] = merged_i.gather(-1, pick)
             if cols is not None:
                 _fold(call, cs.unsqueeze(-1), b, cols[:, heads])  # a view: adds into cols
-    seen = lse != -math.inf
-    zero = torch.zeros((), dtype=q.dtype, device=q.device)
-    entropy = torch.where(seen, lse - psum, zero).clamp_min(0.0)
     hidden = vals == -math.inf
-    weights = torch.exp(vals - torch.where(seen, lse, zero).unsqueeze(-1)).masked_fill(hidden, 0.0)
-    return entropy, weights, idx.masked_fill(hidden, -1), None if cols is None else cols.squeeze(-1)
+    weights = torch.exp(vals).masked_fill(hidden, 0.0)
+    return ent.clamp_min(0.0), weights, idx.masked_fill(hidden, -1), None if cols is None else cols.squeeze(-1)
 
 
-def _sweep_view(qv, kv, lv, bias, call, prob: Problem, top_k: int, columns: bool):
-    """The statistics of one kernel view: q (B', Hq, R, D), k (B', Hk, C, D), lse (B', Hq, R)."""
-    bq_, hq, rows, _ = qv.shape
+_ROWS, _COLS = 64, 512  # a score tile of (heads sharing a key) × 64 rows × 512 keys stays in cache
+
+
+def _tile_topk(s: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k along the last dim of a score tile (one pass of torch.topk; max for k = 1)."""
+    if k == 1:
+        v, i = s.max(dim=-1, keepdim=True)
+        return v, i
+    return s.topk(k, dim=-1)
+
+
+def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
+    """Statistics of one kernel view: q (B', Hq, R, D) already scaled, k (B', Hk, C, D), −ℓ (B', Hq, R).
+    Returns per-row −Σ α log α, top log α and their key positions, and per-head column sums Σ α."""
+    bq_, hq, rows, d = qv.shape
     hk, ncols = kv.shape[1], kv.shape[2]
     g = hq // hk
-    q5 = qv.unflatten(1, (hk, g))
+    n = bq_ * hk
+    q5 = qv.unflatten(1, (hk, g))  # (B', Hk, G, R, D)
+    kt = kv.reshape(n, ncols, d).transpose(1, 2)  # (N, D, C)
+    nl5 = nl.unflatten(1, (hk, g))  # (B', Hk, G, R)
     bias5 = exact._bias5(bias, hk, g)
-    l5 = lv.unflatten(1, (hk, g))[..., None]  # (B', Hk, G, R, 1)
-    ps = qv.new_zeros((bq_, hk, g, rows))
-    tv = qv.new_full((bq_, hk, g, rows, top_k), -math.inf)
-    ti = torch.full((bq_, hk, g, rows, top_k), -1, dtype=torch.int64, device=qv.device)
-    cs = qv.new_zeros((bq_, hk, g, ncols)) if columns else None
+    finite = bool(torch.isfinite(qv.sum())) and bool(torch.isfinite(kv.sum()))
+    ent = qv.new_zeros((n, g, rows))
+    tv = qv.new_empty((n, g, rows, top_k))
+    ti = torch.empty((n, g, rows, top_k), dtype=torch.int64, device=qv.device)
+    cs = qv.new_zeros((n, g, ncols)) if columns else None
     # absolute key position of column 0 of each stacked sub-call (views are (B·Hx, count, ...))
-    base = torch.zeros((), dtype=torch.int64, device=qv.device) + call.c0
+    base = torch.full((n, 1, 1), call.c0, dtype=torch.int64, device=qv.device)
     if call.count > 1:
-        base = (call.c0 + call.step * torch.arange(call.count, device=qv.device)).view(1, -1, 1, 1, 1)
-    for i0, i1, chunks in exact.tiles(rows, ncols, call.causal, prob.exact_block_q, prob.exact_block_k):
+        base = (call.c0 + call.step * torch.arange(call.count, device=qv.device)).repeat(bq_).view(n, 1, 1)
+    for i0, i1, chunks in exact.tiles(rows, ncols, call.causal, _ROWS, _COLS):
+        r = i1 - i0
+        qb = q5[..., i0:i1, :].reshape(n, g * r, d)
+        nlb = nl5[..., i0:i1].reshape(n, g * r, 1)
+        cand_v, cand_i = [], []
         for j0, j1 in chunks:
-            s = exact.scores_tile(q5, kv, bias5, call.causal, prob.scale, i0, i1, j0, j1)
-            p = torch.exp(s - l5[..., i0:i1, :])  # α, 0 where hidden and for rows that see nothing
-            ps[..., i0:i1] += (
-                p * torch.where(p > 0, s, torch.zeros((), dtype=s.dtype, device=s.device))
-            ).sum(-1)
-            kk = min(top_k, j1 - j0)
-            bv, bi = s.topk(kk, dim=-1)
-            mv = torch.cat([tv[..., i0:i1, :], bv], dim=-1)
-            mi = torch.cat([ti[..., i0:i1, :], bi + j0 + base], dim=-1)
-            best, pick = mv.topk(top_k, dim=-1)
-            tv[..., i0:i1, :] = best
-            ti[..., i0:i1, :] = mi.gather(-1, pick)
+            w = j1 - j0
+            s = torch.baddbmm(nlb, qb, kt[:, :, j0:j1])  # log α = s − ℓ, (N, G·r, w)
+            masked = blind
+            if bias5 is not None:
+                rs = slice(i0, i1) if bias5.shape[-2] != 1 else slice(None)
+                cs_ = slice(j0, j1) if bias5.shape[-1] != 1 else slice(None)
+                s.view(bq_, hk, g, r, w).add_(bias5[..., rs, cs_])  # −inf hides
+                masked = True
+            if call.causal and j1 > i0:  # the tile crosses the diagonal
+                hide = torch.arange(j0, j1, device=s.device)[None, :] > torch.arange(i0, i1, device=s.device)[:, None]
+                s.view(n, g, r, w).masked_fill_(hide, -math.inf)
+                masked = True
+            v_, i_ = _tile_topk(s, min(top_k, w))
+            cand_v.append(v_)
+            cand_i.append(i_ + j0)
+            if finite:
+                # exp of a score far below the row's log-sum-exp is a denormal (60× slower on x86) or,
+                # for −inf, a slow special case: floor at −87 (exp ≈ 1.6e-38), then make those exactly 0
+                s.clamp_min_(-87.0)
+                p = torch.exp(s)
+                torch.nn.functional.threshold_(p, 1.7e-38, 0.0)
+            else:
+                p = torch.exp(s)
+                if masked:
+                    s.nan_to_num_(nan=0.0, neginf=0.0)  # α log α = 0 where α = 0
+            ent[:, :, i0:i1] -= (p * s).sum(-1).view(n, g, r)
             if cs is not None:
-                cs[..., j0:j1] += p.sum(dim=-2)
+                cs[:, :, j0:j1] += p.view(n, g, r, w).sum(2)
+        if not chunks:
+            tv[:, :, i0:i1], ti[:, :, i0:i1] = -math.inf, -1
+            continue
+        mv, mi = torch.cat(cand_v, dim=-1), torch.cat(cand_i, dim=-1)
+        if mv.shape[-1] < top_k:  # fewer keys than k in this view
+            pad = top_k - mv.shape[-1]
+            mv = torch.cat([mv, mv.new_full((*mv.shape[:-1], pad), -math.inf)], dim=-1)
+            mi = torch.cat([mi, mi.new_full((*mi.shape[:-1], pad), -1)], dim=-1)
+        best, pick = mv.topk(top_k, dim=-1)
+        tv[:, :, i0:i1] = best.view(n, g, r, top_k)
+        ti[:, :, i0:i1] = (mi.gather(-1, pick) + base).view(n, g, r, top_k)
     return (
-        ps.flatten(1, 2),
-        tv.flatten(1, 2),
-        ti.flatten(1, 2),
-        None if cs is None else cs.flatten(1, 2),
+        ent.reshape(bq_, hq, rows),
+        tv.reshape(bq_, hq, rows, top_k),
+        ti.reshape(bq_, hq, rows, top_k),
+        None if cs is None else cs.reshape(bq_, hq, ncols),
     )
