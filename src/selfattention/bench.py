@@ -1,17 +1,21 @@
-"""The benchmark behind ``selfattention bench``: tiled attention against torch SDPA, in the same run.
+"""The benchmark behind ``selfattention bench``: the tiled path against its peers, in the same run.
 
-Each sequence length runs in a fresh child process (``python -m selfattention.bench --child SPEC``),
-which reports one JSON line per measured case. Inside a child:
+Peers: torch SDPA (the same fused kernel, with ``is_causal`` or the equivalent bool mask), flex_attention
+compiled with ``torch.compile`` (forward only: it has no CPU backward; its compile time is reported on its
+own), and the materialising reference at small T. Cases (B = 1, H = 8, D = 64, float32 by default):
 
-* **memory** first: for each implementation, freed heap is returned to the OS (``malloc_trim``), the
-  peak-RSS mark is reset (``/proc/self/clear_refs``), one call runs, and peak extra memory =
-  VmHWM − VmRSS before the call (torch's allocations are invisible to tracemalloc);
-* **time** next (the memory call was the warm-up): ``repeats`` rounds that call every implementation in turn
-  (interleaved, so a noisy neighbour slows them alike); the median is reported.
+* dense and causal, forward and forward + backward, at each ``sizes`` T;
+* a sliding window W = 512 and packed documents (8 of T/8) at T = 16384;
+* statistics (log-sum-exp, entropy, top-4 keys, column sums), causal, against SDPA's causal forward;
+* opt-in (``--long``): causal forward + backward at T = 65536 with H = 1 — time and memory.
 
-GFLOP/s counts 4·T²·D·H per forward (two matmuls) times the visible fraction of the mask, and 3.5× that
-for forward + backward (the backward recomputes the scores: five matmuls). The float32 matmul peak
-(a 4096² × 4096² product, median of 3) is measured in the same run.
+Each case runs in a fresh child process (``python -m selfattention.bench --child SPEC``) that prints one
+JSON line per implementation. Inside a child, **memory** first: freed heap is returned to the OS
+(``malloc_trim``), the peak-RSS mark is reset (``/proc/self/clear_refs``), one call runs, and peak extra
+memory = VmHWM − VmRSS before the call (that call is also the warm-up, and flex's compile); then **time**:
+``repeats`` rounds that call every implementation in turn (interleaved, so a noisy neighbour slows them
+alike); the median is reported. Threads: torch's default unless ``threads`` is set. Every tiled row
+records which kernel and plan strategy ran (:func:`selfattention.tiled.describe`), and why.
 """
 
 from __future__ import annotations
@@ -28,29 +32,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BenchConfig", "run_bench", "to_markdown", "matmul_peak_gflops"]
+__all__ = ["BenchConfig", "run_bench", "to_markdown", "write_results", "matmul_peak_gflops", "VARIANTS"]
 
-FULL_SIZES = (512, 1024, 2048, 4096, 8192, 16384)
+VARIANTS = ("dense", "causal", "window", "documents", "stats")
+FULL_SIZES = (1024, 4096)
 QUICK_SIZES = (128, 256)
 
 
 @dataclass
 class BenchConfig:
-    """What to measure. ``quick`` gives CI-sized runs (seconds)."""
+    """What to measure. ``quick`` gives CI-sized runs (seconds, no flex compile)."""
 
-    sizes: tuple[int, ...] = FULL_SIZES
+    sizes: tuple[int, ...] = FULL_SIZES  # dense / causal lengths
     heads: int = 8
     head_dim: int = 64
     batch: int = 1
-    variants: tuple[str, ...] = ("dense", "causal", "window")
+    variants: tuple[str, ...] = VARIANTS
     passes: tuple[str, ...] = ("fwd", "fwd+bwd")
+    long_t: int = 16384  # the window / documents / stats length (stats at min(long_t, 4096))
     window: int = 512
-    window_min_t: int = 2048  # the window variant only where it hides something worth skipping
+    documents: int = 8
+    top_k: int = 4
     repeats: int = 3
-    reference_max_t: int = 4096  # the materialising reference beyond this: n² memory, skipped
+    slow_repeats: int = 2  # rounds for cases whose slowest peer takes seconds (SDPA with a T² mask)
+    reference_max_t: int = 1024  # the materialising reference beyond this: n² memory, skipped
+    flex: bool = True
     peak_size: int = 4096
-    long_t: int | None = 65536  # the memory case: H = 1, forward + backward
-    long_impls: tuple[str, ...] = ("tiled",)
+    memory_t: int | None = None  # opt-in: causal fwd+bwd at this T with H = 1 (65536 with --long)
     block_q: int | None = None
     block_k: int | None = None
     threads: int | None = None  # torch threads in the children (None: torch's default)
@@ -62,12 +70,13 @@ class BenchConfig:
             sizes=QUICK_SIZES,
             heads=2,
             head_dim=32,
+            long_t=512,
             window=32,
-            window_min_t=128,
             repeats=2,
+            slow_repeats=1,
             reference_max_t=256,
+            flex=False,
             peak_size=512,
-            long_t=None,
         )
 
 
@@ -95,6 +104,7 @@ def _trim() -> None:
 def _peak_extra_mib(fn) -> float | None:
     """Peak resident memory of one call of ``fn`` above what was resident before it, in MiB."""
     if not os.path.exists("/proc/self/status"):
+        fn()
         return None
     _trim()
     try:
@@ -122,91 +132,131 @@ def matmul_peak_gflops(n: int = 4096, repeats: int = 3) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def _visible_fraction(variant: str, t: int, window: int) -> float:
+def _visible_fraction(spec: dict) -> float:
+    t, variant = spec["t"], spec["variant"]
     if variant == "dense":
         return 1.0
-    if variant == "causal":
+    if variant in ("causal", "stats"):
         return (t + 1) / (2 * t)
-    w = min(window, t)
-    return (w * t - w * (w - 1) / 2) / t**2
+    if variant == "window":
+        w = min(spec["window"], t)
+        return (w * t - w * (w - 1) / 2) / t**2
+    return 1.0 / spec["documents"]
 
 
-def _impls(variant: str, t: int, spec: dict) -> dict[str, Any]:
-    """name → callable(q, k, v) for one variant at length t."""
+def _masks(spec: dict):
+    """(tiled kwargs, dense bool mask or None, flex mask_mod or None) of the case's visibility."""
+    import torch
+
+    from . import masks
+
+    t, variant = spec["t"], spec["variant"]
+    if variant == "dense":
+        return {}, None, None
+    if variant in ("causal", "stats"):
+        return {"is_causal": True}, None, lambda b, h, q, kv: q >= kv
+    if variant == "window":
+        w = spec["window"]
+        return {"window": w}, masks.sliding_window_mask(t, window=w), lambda b, h, q, kv: (q >= kv) & (q - kv < w)
+    ids = torch.arange(spec["documents"]).repeat_interleave(t // spec["documents"])
+    ids = torch.cat([ids, ids.new_full((t - ids.numel(),), spec["documents"] - 1)])
+    return {"document_ids": ids}, masks.document_mask(ids), lambda b, h, q, kv: ids[q] == ids[kv]
+
+
+def _impls(spec: dict) -> tuple[dict[str, Any], dict[str, str]]:
+    """name → callable(q, k, v) for one case, and the reasons peers are left out."""
+    import torch
     import torch.nn.functional as tnf
 
-    from . import functional, masks
-    from .tiled import tiled_attention
+    from . import functional
+    from .tiled import tiled_attention, tiled_attention_with_stats
 
-    bq, bk, w = spec.get("block_q"), spec.get("block_k"), spec["window"]
-    causal = variant == "causal"
+    t, variant, bwd = spec["t"], spec["variant"], spec["pass"] == "fwd+bwd"
+    blocks = {"block_q": spec.get("block_q"), "block_k": spec.get("block_k")}
+    kw, dense_mask, mask_mod = _masks(spec)
     out: dict[str, Any] = {}
-    if t <= spec["reference_max_t"]:
-        ref_mask = masks.sliding_window_mask(t, window=w) if variant == "window" else None
-        out["reference"] = lambda q, k, v: functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=ref_mask, is_causal=causal
-        )
-    if variant == "window":
-        out["tiled"] = lambda q, k, v: tiled_attention(q, k, v, window=w, block_q=bq, block_k=bk)
-        bool_mask = masks.sliding_window_mask(t, window=w)
-        out["sdpa"] = lambda q, k, v: tnf.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask)
+    missing: dict[str, str] = {}
+    if variant == "stats":
+        out["tiled"] = lambda q, k, v: tiled_attention_with_stats(q, k, v, top_k=spec["top_k"], **kw, **blocks)
+        out["sdpa"] = lambda q, k, v: tnf.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out, missing
+    if t <= spec["reference_max_t"] and dense_mask is None:
+        out["reference"] = lambda q, k, v: functional.scaled_dot_product_attention(q, k, v, **kw)
+    out["tiled"] = lambda q, k, v: tiled_attention(q, k, v, **kw, **blocks)
+    if dense_mask is None:
+        out["sdpa"] = lambda q, k, v: tnf.scaled_dot_product_attention(q, k, v, is_causal=variant == "causal")
     else:
-        out["tiled"] = lambda q, k, v: tiled_attention(q, k, v, is_causal=causal, block_q=bq, block_k=bk)
-        out["sdpa"] = lambda q, k, v: tnf.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    return out
+        out["sdpa"] = lambda q, k, v: tnf.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask)
+    if mask_mod is not None and spec["flex"]:
+        if bwd:
+            missing["flex"] = "flex_attention has no CPU backward"
+        else:
+            try:
+                from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            except ImportError as e:
+                missing["flex"] = f"flex_attention unavailable in torch {torch.__version__}: {e}"
+            else:
+                block_mask = create_block_mask(mask_mod, None, None, t, t, device="cpu")
+                compiled = torch.compile(flex_attention)
+                out["flex"] = lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+    return out, missing
 
 
 def _child(spec: dict) -> None:
-    """Measure every case of one sequence length; print one JSON line per case."""
+    """Measure one case; print one JSON line per implementation."""
     import torch
+
+    from .tiled import describe
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
     t, h, d, b = spec["t"], spec["heads"], spec["head_dim"], spec["batch"]
-    for variant in spec["variants"]:
-        impls = _impls(variant, t, spec)
-        if spec.get("only"):
-            impls = {k: v for k, v in impls.items() if k in spec["only"]}
-        for pss in spec["passes"]:
-            bwd = pss == "fwd+bwd"
-            q, k, v = (torch.randn(b, h, t, d, requires_grad=bwd) for _ in range(3))
+    bwd = spec["pass"] == "fwd+bwd"
+    q, k, v = (torch.randn(b, h, t, d, requires_grad=bwd) for _ in range(3))
+    impls, missing = _impls(spec)
+    kw, _, _ = _masks(spec)
+    plan = describe(q, k, v, **kw, block_q=spec.get("block_q"), block_k=spec.get("block_k"))
 
-            def call(fn, q=q, k=k, v=v, bwd=bwd):
-                out = fn(q, k, v)
-                if bwd:
-                    out.backward(torch.ones_like(out))
-                    q.grad = k.grad = v.grad = None
+    def call(fn):
+        out = fn(q, k, v)
+        out = out[0] if isinstance(out, tuple) else out
+        if bwd:
+            out.backward(torch.ones_like(out))
+            q.grad = k.grad = v.grad = None
 
-            memory, first = {}, {}
-            for name, fn in impls.items():  # the memory call doubles as the warm-up
-                t0 = time.perf_counter()
-                memory[name] = _peak_extra_mib(lambda fn=fn: call(fn))
-                first[name] = time.perf_counter() - t0
-            times: dict[str, list[float]] = {name: [] for name in impls}
-            repeats = spec["repeats"] if max(first.values()) < 20 else min(1, spec["repeats"])
-            if repeats == 0:  # memory-only run: the one call is the time sample
-                times = {name: [first[name]] for name in impls}
-            for _ in range(repeats):
-                for name, fn in impls.items():
-                    t0 = time.perf_counter()
-                    call(fn)
-                    times[name].append(time.perf_counter() - t0)
-            for name in impls:
-                row = {
-                    "t": t,
-                    "heads": h,
-                    "head_dim": d,
-                    "batch": b,
-                    "variant": variant,
-                    "pass": pss,
-                    "impl": name,
-                    "median_s": statistics.median(times[name]),
-                    "times_s": times[name],
-                    "extra_mib": memory[name],
-                    "visible_fraction": _visible_fraction(variant, t, spec["window"]),
-                }
-                print(json.dumps(row), flush=True)
+    memory, first = {}, {}
+    for name, fn in impls.items():  # the memory call doubles as the warm-up (and flex's compile)
+        t0 = time.perf_counter()
+        memory[name] = _peak_extra_mib(lambda fn=fn: call(fn))
+        first[name] = time.perf_counter() - t0
+    times: dict[str, list[float]] = {name: [] for name in impls}
+    repeats = spec["repeats"]
+    if repeats == 0:  # memory-only run: the one call is the time sample
+        times = {name: [first[name]] for name in impls}
+    for _ in range(repeats):
+        for name, fn in impls.items():
+            t0 = time.perf_counter()
+            call(fn)
+            times[name].append(time.perf_counter() - t0)
+    for name in impls:
+        med = statistics.median(times[name])
+        row = {
+            **{key: spec[key] for key in ("t", "heads", "head_dim", "batch", "variant", "pass")},
+            "impl": name,
+            "median_s": med,
+            "times_s": times[name],
+            "extra_mib": memory[name],
+            "visible_fraction": _visible_fraction(spec),
+            "threads": torch.get_num_threads(),
+        }
+        if name == "flex":
+            row["compile_s"] = max(0.0, first[name] - med)
+        if name == "tiled":
+            row.update(kernel=plan.kernel, reason=plan.reason, strategy=plan.strategy, calls=plan.calls)
+        print(json.dumps(row), flush=True)
+    for name, why in missing.items():
+        print(json.dumps({**{key: spec[key] for key in ("t", "heads", "variant", "pass")}, "impl": name, "missing": why}))
 
 
 # ---------------------------------------------------------------------------------------------- parent
@@ -218,35 +268,31 @@ def _specs(cfg: BenchConfig) -> list[dict]:
         "head_dim": cfg.head_dim,
         "batch": cfg.batch,
         "window": cfg.window,
+        "documents": cfg.documents,
+        "top_k": cfg.top_k,
         "repeats": cfg.repeats,
         "reference_max_t": cfg.reference_max_t,
+        "flex": cfg.flex,
         "block_q": cfg.block_q,
         "block_k": cfg.block_k,
         "threads": cfg.threads,
-        "passes": list(cfg.passes),
     }
     specs = []
-    for t in cfg.sizes:
-        variants = [v for v in cfg.variants if v != "window" or t >= cfg.window_min_t]
-        specs.append({**base, "t": t, "variants": variants})
-    if cfg.long_t:
-        specs.append(
-            {
-                **base,
-                "t": cfg.long_t,
-                "heads": 1,
-                "variants": ["dense"],
-                "passes": ["fwd+bwd"],
-                "repeats": 0,  # one call: its time and its memory
-                "only": list(cfg.long_impls),
-            }
-        )
+    for variant in ("dense", "causal"):
+        if variant in cfg.variants:
+            specs += [{**base, "t": t, "variant": variant, "pass": p} for t in cfg.sizes for p in cfg.passes]
+    for variant in ("window", "documents"):
+        if variant in cfg.variants:
+            specs += [
+                {**base, "t": cfg.long_t, "variant": variant, "pass": p, "repeats": cfg.slow_repeats}
+                for p in cfg.passes
+            ]
+    if "stats" in cfg.variants:
+        specs.append({**base, "t": min(cfg.long_t, max(cfg.sizes)), "variant": "stats", "pass": "fwd"})
+    if cfg.memory_t:
+        specs.append({**base, "t": cfg.memory_t, "heads": 1, "variant": "causal", "pass": "fwd+bwd",
+                      "repeats": 0, "flex": False, "memory": True})  # fmt: skip
     return specs
-
-
-def _count_cases(spec: dict, cfg: BenchConfig) -> int:
-    n_impl = len(spec["only"]) if spec.get("only") else (3 if spec["t"] <= cfg.reference_max_t else 2)
-    return len(spec["variants"]) * len(spec["passes"]) * n_impl
 
 
 def run_bench(cfg: BenchConfig, *, progress: bool = True, log=None) -> dict:
@@ -257,10 +303,9 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log=None) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     specs = _specs(cfg)
-    total = sum(_count_cases(s, cfg) for s in specs) + 1
     meta = {
         "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
+        "threads": cfg.threads or torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
@@ -271,16 +316,11 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log=None) -> dict:
     rows: list[dict] = []
     columns = [TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}")]
     with Progress(*columns, TimeElapsedColumn(), disable=not progress, transient=False) as bar:
-        task = bar.add_task("matmul peak", total=total)
+        task = bar.add_task("matmul peak", total=len(specs) + 1)
         meta["matmul_peak_gflops"] = matmul_peak_gflops(cfg.peak_size)
         bar.advance(task)
         for spec in specs:
-            bar.update(task, description=f"T={spec['t']} H={spec['heads']}")
-            if spec["t"] > cfg.reference_max_t and not spec.get("only"):
-                meta["skipped"].append(
-                    f"reference at T={spec['t']}: materialises {spec['heads']}×T² scores "
-                    f"({spec['heads'] * spec['t'] ** 2 * 4 / 2**30:.1f} GiB per copy, several copies)"
-                )
+            bar.update(task, description=f"{spec['variant']} {spec['pass']} T={spec['t']} H={spec['heads']}")
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             cmd = [sys.executable, "-m", "selfattention.bench", "--child", json.dumps(spec)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -290,32 +330,42 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log=None) -> dict:
                 if not line.startswith("{"):
                     continue
                 row = json.loads(line)
+                if "missing" in row:
+                    meta["skipped"].append(f"{row['impl']} for {row['variant']} {row['pass']}: {row['missing']}")
+                    continue
+                row["memory_case"] = bool(spec.get("memory"))
                 rows.append(row)
-                bar.advance(task)
                 if log is not None:
                     log(row)
             err = proc.stderr.read() if proc.stderr else ""
             if proc.wait() != 0:
-                meta["skipped"].append(f"T={spec['t']}: child failed: {err.strip().splitlines()[-1:]}")
+                last = err.strip().splitlines()[-1:] or ["(no message)"]
+                meta["skipped"].append(f"{spec['variant']} {spec['pass']} T={spec['t']}: child failed: {last[0]}")
+            bar.advance(task)
     meta["load_avg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     peak = meta["matmul_peak_gflops"]
     for row in rows:
         fwd_flops = 4 * row["t"] ** 2 * row["head_dim"] * row["heads"] * row["batch"]
         flops = fwd_flops * (3.5 if row["pass"] == "fwd+bwd" else 1.0)
-        if row["impl"] == "tiled":
-            flops *= row["visible_fraction"]  # work the tiled path has to do
+        if row["impl"] in ("tiled", "flex"):
+            flops *= row["visible_fraction"]  # the work a path that skips has to do
         row["gflops"] = flops / row["median_s"] / 1e9
         row["pct_peak"] = 100 * row["gflops"] / peak
     _ratios(rows)
     return {"meta": meta, "rows": rows}
 
 
+def _key(r: dict) -> tuple:
+    return (r["t"], r["heads"], r["variant"], r["pass"])
+
+
 def _ratios(rows: list[dict]) -> None:
-    by = {(r["t"], r["heads"], r["variant"], r["pass"], r["impl"]): r for r in rows}
+    by = {(*_key(r), r["impl"]): r for r in rows}
     for r in rows:
         if r["impl"] == "tiled":
-            base = by.get((r["t"], r["heads"], r["variant"], r["pass"], "sdpa"))
-            r["ratio_vs_sdpa"] = r["median_s"] / base["median_s"] if base else None
+            for peer in ("sdpa", "flex"):
+                base = by.get((*_key(r), peer))
+                r[f"ratio_vs_{peer}"] = r["median_s"] / base["median_s"] if base else None
 
 
 def _fmt_s(x: float | None) -> str:
@@ -324,37 +374,55 @@ def _fmt_s(x: float | None) -> str:
     return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
 
 
+def _mask_name(variant: str, meta: dict) -> str:
+    cfg = meta["config"]
+    return {
+        "dense": "none",
+        "causal": "causal",
+        "window": f"window {cfg['window']}",
+        "documents": f"{cfg['documents']} documents",
+        "stats": f"causal, stats (top-{cfg['top_k']})",
+    }[variant]
+
+
 def to_markdown(result: dict) -> str:
-    """The result as a markdown table, one line per (T, mask, pass)."""
-    rows = result["rows"]
-    meta = result["meta"]
-    by = {(r["t"], r["heads"], r["variant"], r["pass"], r["impl"]): r for r in rows}
-    keys = []
+    """The result as a markdown table, one line per case, with the ratios against the peers."""
+    rows, meta = result["rows"], result["meta"]
+    by = {(*_key(r), r["impl"]): r for r in rows}
+    keys: list[tuple] = []
     for r in rows:
-        key = (r["t"], r["heads"], r["variant"], r["pass"])
-        if key not in keys:
-            keys.append(key)
+        if _key(r) not in keys:
+            keys.append(_key(r))
     lines = [
-        "| T | H | mask | pass | reference | tiled | SDPA | tiled/SDPA | tiled GFLOP/s | % peak "
-        "| tiled extra MiB | SDPA extra MiB | reference extra MiB |",
-        "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| T | H | mask | pass | tiled | SDPA | flex (compiled) | tiled/SDPA | tiled/flex | tiled extra MiB "
+        "| SDPA extra MiB | tiled GFLOP/s | kernel, plan |",
+        "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
-    for t, h, variant, pss in keys:
-        ref, til, sd = (by.get((t, h, variant, pss, name)) for name in ("reference", "tiled", "sdpa"))
-        mask = {"dense": "none", "causal": "causal", "window": f"window {meta['config']['window']}"}[variant]
-        sd_name = "" if variant != "window" else " (bool mask)"
-        ratio = til.get("ratio_vs_sdpa") if til else None
 
-        def mib(r):
-            return "—" if not r or r.get("extra_mib") is None else f"{r['extra_mib']:.0f}"
+    def mib(r):
+        return "—" if not r or r.get("extra_mib") is None else f"{r['extra_mib']:.0f}"
 
+    def ratio(x):
+        return "—" if x is None else f"{x:.2f}"
+
+    for key in keys:
+        t, h, variant, pss = key
+        til, sd, fx = (by.get((*key, name)) for name in ("tiled", "sdpa", "flex"))
+        if til is None:
+            continue
+        sd_txt = "—" if sd is None else _fmt_s(sd["median_s"])
+        if sd is not None and variant in ("window", "documents"):
+            sd_txt += " (bool mask)"
+        if sd is not None and variant == "stats":
+            sd_txt += " (causal fwd)"
+        fx_txt = "—" if fx is None else f"{_fmt_s(fx['median_s'])} (compile {fx.get('compile_s', 0):.0f} s)"
+        plan = f"{til['kernel']}, {til['strategy']} ({til['calls']} call{'s' if til['calls'] != 1 else ''})"
+        if til["kernel"] != "vendor":
+            plan += f": {til['reason']}"
         lines.append(
-            f"| {t} | {h} | {mask} | {pss} | {_fmt_s(ref['median_s']) if ref else 'skipped'} "
-            f"| {_fmt_s(til['median_s']) if til else '—'} | {_fmt_s(sd['median_s']) + sd_name if sd else '—'} "
-            f"| {'—' if ratio is None else f'{ratio:.2f}'} | {til['gflops']:.1f} | {til['pct_peak']:.0f}% "
-            f"| {mib(til)} | {mib(sd)} | {mib(ref)} |"
-            if til
-            else f"| {t} | {h} | {mask} | {pss} | — | — | — | — | — | — | — | — | — |"
+            f"| {t} | {h} | {_mask_name(variant, meta)} | {pss} | {_fmt_s(til['median_s'])} | {sd_txt} | {fx_txt} "
+            f"| {ratio(til.get('ratio_vs_sdpa'))} | {ratio(til.get('ratio_vs_flex'))} | {mib(til)} | {mib(sd)} "
+            f"| {til['gflops']:.1f} | {plan} |"
         )
     lines.append("")
     lines.append(
@@ -363,7 +431,7 @@ def to_markdown(result: dict) -> str:
         f"{_load(meta.get('load_avg_start'))} / {_load(meta.get('load_avg_end'))}."
     )
     for s in meta.get("skipped", []):
-        lines.append(f"Skipped: {s}.")
+        lines.append(f"Left out: {s}.")
     return "\n".join(lines) + "\n"
 
 

@@ -1,4 +1,4 @@
-"""``selfattention bench``: tiled attention against torch SDPA (and the reference), in one run."""
+"""``selfattention bench``: the tiled path against torch SDPA and flex_attention, in one run."""
 
 from __future__ import annotations
 
@@ -10,85 +10,101 @@ import typer
 from . import UsageError, console
 
 
+def _ints(name: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise UsageError(f"--{name} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise UsageError(f"--{name} must be positive integers, got {text!r}")
+    return values
+
+
+def _subset(name: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    chosen = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not chosen or any(x not in allowed for x in chosen):
+        raise UsageError(f"--{name} takes a subset of {','.join(allowed)}, got {text!r}")
+    return chosen
+
+
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
         quick: bool = typer.Option(
-            False, "--quick", help="CI-sized run (T = 128, 256; H = 2; D = 32): seconds."
+            False, "--quick", help="CI-sized run (T = 128, 256 and 512; H = 2; D = 32; no flex compile): seconds."
+        ),
+        long: bool = typer.Option(
+            False, "--long", help="Add the memory case: causal forward + backward at T = 65536, H = 1 (minutes)."
         ),
         out: Path = typer.Option(
             Path("out/bench"),
             "--out",
             help="Folder for bench.json and bench.md (the committed figures are in benchmarks/results).",
         ),
-        sizes: str = typer.Option(
-            "", "--sizes", help="Comma-separated sequence lengths (default 512…16384)."
+        sizes: str | None = typer.Option(
+            None, "--sizes", help="Comma-separated T for the dense and causal cases. Default: 1024,4096."
         ),
-        repeats: int = typer.Option(
-            -1,
-            "--repeats",
-            help="Timed rounds per case (default 3; 2 with --quick; 0: the memory call only).",
+        long_t: int | None = typer.Option(
+            None, "--long-t", help="T of the window, documents and stats cases. Default: 16384 (stats at 4096)."
         ),
-        long_t: int = typer.Option(
-            -1, "--long-t", help="Length of the H = 1 memory case (default 65536; 0 skips it)."
+        memory_t: int | None = typer.Option(
+            None, "--memory-t", help="T of the memory case (implies it). Default with --long: 65536."
         ),
-        variants: str = typer.Option("", "--variants", help="Subset of dense,causal,window (default all)."),
-        passes: str = typer.Option("", "--passes", help="Subset of fwd,fwd+bwd (default both)."),
-        heads: int = typer.Option(0, "--heads", help="Attention heads (default 8; 2 with --quick)."),
-        threads: int = typer.Option(0, "--threads", help="torch threads (default: torch's own choice)."),
-        block_q: int = typer.Option(
-            0, "--block-q", help="Query rows per block of the tiled path (0: default)."
+        repeats: int | None = typer.Option(
+            None, "--repeats", help="Timed rounds per case. Default: 3 (2 with --quick); 0: the memory call only."
         ),
-        block_k: int = typer.Option(
-            0, "--block-k", help="Key columns per chunk of the tiled path (0: default)."
+        variants: str | None = typer.Option(
+            None, "--variants", help="Subset of dense,causal,window,documents,stats. Default: all."
         ),
+        passes: str | None = typer.Option(None, "--passes", help="Subset of fwd,fwd+bwd. Default: both."),
+        heads: int | None = typer.Option(None, "--heads", help="Attention heads. Default: 8 (2 with --quick)."),
+        threads: int | None = typer.Option(None, "--threads", help="torch threads. Default: torch's own choice."),
+        block_q: int | None = typer.Option(None, "--block-q", help="Query rows per block of the tiled plan."),
+        block_k: int | None = typer.Option(None, "--block-k", help="Key columns per block of the tiled plan."),
+        no_flex: bool = typer.Option(False, "--no-flex", help="Leave flex_attention out (saves its compile time)."),
     ) -> None:
-        """Time tiled attention against torch SDPA: median time, ratio, GFLOP/s, % of matmul peak, memory.
+        """Time the tiled path against torch SDPA and flex_attention: median time, ratios, memory, kernel.
 
-        T = 512 … 16384, B = 1, H = 8, D = 64, float32; dense, causal and a sliding window (W = 512,
-        SDPA given the same bool mask); forward and forward + backward. Writes a markdown table and JSON.
+        B = 1, H = 8, D = 64, float32, default threads: dense and causal at T = 1024 and 4096; a sliding
+        window (W = 512) and 8 packed documents at T = 16384 (SDPA gets the same bool mask); statistics;
+        forward and forward + backward (flex has no CPU backward). Writes a markdown table and JSON.
         """
-        from ..bench import BenchConfig, run_bench, to_markdown, write_results
+        from ..bench import VARIANTS, BenchConfig, run_bench, to_markdown, write_results
 
         cfg = BenchConfig.quick() if quick else BenchConfig()
-        if sizes:
-            try:
-                cfg.sizes = tuple(int(s) for s in sizes.split(",") if s.strip())
-            except ValueError:
-                raise UsageError(f"--sizes must be comma-separated integers, got {sizes!r}") from None
-            if not cfg.sizes or min(cfg.sizes) <= 0:
-                raise UsageError(f"--sizes must be positive integers, got {sizes!r}")
-        for name, given, allowed in (
-            ("variants", variants, ("dense", "causal", "window")),
-            ("passes", passes, ("fwd", "fwd+bwd")),
-        ):
-            if given:
-                chosen = tuple(x.strip() for x in given.split(",") if x.strip())
-                if not chosen or any(x not in allowed for x in chosen):
-                    raise UsageError(f"--{name} takes a subset of {','.join(allowed)}, got {given!r}")
-                setattr(cfg, name, chosen)
-                if name == "variants" and "window" in chosen:
-                    cfg.window_min_t = 0
-        if heads < 0 or block_q < 0 or block_k < 0 or threads < 0:
-            raise UsageError("--heads, --threads, --block-q and --block-k must be >= 0")
-        cfg.threads = threads or None
+        if sizes is not None:
+            cfg.sizes = _ints("sizes", sizes)
+        if variants is not None:
+            cfg.variants = _subset("variants", variants, VARIANTS)
+        if passes is not None:
+            cfg.passes = _subset("passes", passes, ("fwd", "fwd+bwd"))
+        for name, value in (("heads", heads), ("threads", threads), ("block-q", block_q), ("block-k", block_k)):
+            if value is not None and value <= 0:
+                raise UsageError(f"--{name} must be a positive integer, got {value}")
+        for name, value in (("long-t", long_t), ("memory-t", memory_t)):
+            if value is not None and value <= 1:
+                raise UsageError(f"--{name} must be an integer > 1, got {value}")
+        if repeats is not None and repeats < 0:
+            raise UsageError(f"--repeats must be >= 0, got {repeats}")
+        cfg.threads = threads
         cfg.heads = heads or cfg.heads
-        if repeats >= 0:
-            cfg.repeats = repeats
-        if long_t >= 0:
-            cfg.long_t = long_t or None
-        cfg.block_q = block_q or None
-        cfg.block_k = block_k or None
-        partial: dict = {"rows": []}
+        cfg.long_t = long_t or cfg.long_t
+        cfg.memory_t = memory_t or (65536 if long else None)
+        if repeats is not None:
+            cfg.repeats = cfg.slow_repeats = repeats
+        cfg.block_q, cfg.block_k = block_q, block_k
+        cfg.flex = cfg.flex and not no_flex
 
-        def keep(row: dict) -> None:  # a partial JSON after every case, in case a long run is cut short
-            partial["rows"].append(row)
+        partial = out / "bench.partial.jsonl"
+
+        def keep(row: dict) -> None:  # rows so far, in case a long run is cut short
             out.mkdir(parents=True, exist_ok=True)
-            with (out / "bench.partial.jsonl").open("a") as f:
+            with partial.open("a") as f:
                 f.write(json.dumps(row) + "\n")
 
-        (out / "bench.partial.jsonl").unlink(missing_ok=True)
+        partial.unlink(missing_ok=True)
         result = run_bench(cfg, progress=True, log=keep)
         json_path, md_path = write_results(result, out)
+        partial.unlink(missing_ok=True)  # the complete results replace it
         console.print(to_markdown(result), markup=False, highlight=False, soft_wrap=True)
         console.print(f"wrote {json_path} and {md_path}")
