@@ -273,6 +273,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{_fmt(mx('fwdbwd_s_overlap'))} / {_fmt(mx('fwdbwd_s_no_overlap'))} |"
         )
     print("\n(max over ranks; peak extra = working memory of the call above the inputs already held)")
+    base = next((s for s in singles if s.get("path") == "torch" and "error" not in s), None)
+    if base is not None and not cfg["memory_only"]:
+        for n, ranks in rings.items():
+            for key, name in (("fwd_s_overlap", "forward"), ("fwdbwd_s_overlap", "forward+backward")):
+                ring_s = max((r.get(key) or 0.0) for r in ranks)
+                if base.get(key) and ring_s:
+                    print(
+                        f"ring N={n} ({max(1, cfg['threads'] // n)} thread(s) per rank) / single-process torch SDPA "
+                        f"({cfg['threads']} threads), {name}: {ring_s / base[key]:.2f}"
+                    )
 
     # What the numbers imply for N machines: a ring step overlaps the transfer of one key/value block
     # (T/N rows × 2·D values × 4 bytes) with the block's compute ((T/N)² · 4·D flops, ×0.5 causal).
