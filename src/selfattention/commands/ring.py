@@ -19,6 +19,9 @@ from rich.table import Table
 
 from . import UsageError, console
 
+#: Largest difference of output, dQ, dK, dV (float32 ring vs float64 spec) that passes.
+TOLERANCE = 1e-4
+
 
 def _worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None:
     import torch
@@ -135,9 +138,21 @@ def register(app: typer.Typer) -> None:
             )
         console.print(table)
         console.print(
-            "max |ring − single process| (float32 vs float64 spec): "
-            + ", ".join(f"{k} {v:.1e}" for k, v in err.items()),
+            "max |ring − single process| (float32 vs float64 spec): {diffs}".format(
+                diffs=", ".join(f"{k} {v:.1e}" for k, v in err.items())
+            ),
             highlight=False,
         )
-        if max(err.values()) > 1e-4:
+        worst = max(err, key=err.__getitem__)
+        if err[worst] > TOLERANCE:
+            console.print(
+                f"[bold red]FAIL[/bold red]: {worst} differs by {err[worst]:.1e} > {TOLERANCE:.0e} from the "
+                "single-process result",
+                highlight=False,
+            )
             raise typer.Exit(1)
+        console.print(
+            f"[bold green]PASS[/bold green]: output and gradients within {TOLERANCE:.0e} of the single-process "
+            f"result (largest: {worst} {err[worst]:.1e})",
+            highlight=False,
+        )
