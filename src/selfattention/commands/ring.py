@@ -4,7 +4,7 @@ Spawns ``--world-size`` processes on this machine, gives each its slice of one r
 :func:`selfattention.distributed.ring_attention` forward and backward, and prints per rank the rows it
 holds, the bytes it sent, the tiles it computed and skipped, and the largest difference of the
 reassembled output and gradients from single-process attention (float64 spec). For several machines use
-``torchrun`` with ``examples/ring_attention.py`` (see the README).
+``torchrun`` with ``examples/ring_attention.py`` (see docs/long-sequences.md).
 """
 
 from __future__ import annotations
