@@ -312,7 +312,9 @@ def test_cli_lesson_list_long_and_show(capsys):
 def test_lesson_summaries_are_short_and_status_is_derived():
     with pytest.raises(ValueError, match="summary must have 1 to"):
         lessons.Lesson("x", "000", "s", "zh", "en", "discussed", reason="r", summary="")
-    lesson = lessons.Lesson("x", "000", "s", "zh", "en", "measured", module="m", needs_model=True, summary="s")
+    lesson = lessons.Lesson(
+        "x", "000", "s", "zh", "en", "measured", module="m", needs_model=True, summary="s"
+    )
     assert lesson.status == "run, model"
     assert lessons.get("limitations-training").status == "run, 2 min"
     assert lessons.get("origin-bahdanau").status == "discussed"

@@ -43,9 +43,7 @@ def _sampling(greedy: bool, temperature: float | None, top_k: int | None, top_p:
             )
         return Sampling()
     if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
-        raise UsageError(
-            f"--temperature must be a number >= 0 (0 = greedy), got {temperature}"
-        )
+        raise UsageError(f"--temperature must be a number >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 0:
         raise UsageError(f"--top-k must be >= 0 (0 = all characters), got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
@@ -114,9 +112,7 @@ def generate_cmd(
                 f"the shipped checkpoint {path} is missing from this installation; train one with "
                 "`selfattention train --checkpoint my.safetensors` and pass --checkpoint my.safetensors"
             )
-        raise UsageError(
-            f"no checkpoint at {path}; train one with `selfattention train --checkpoint {path}`"
-        )
+        raise UsageError(f"no checkpoint at {path}; train one with `selfattention train --checkpoint {path}`")
     try:
         model, tok, _ = load_checkpoint(path)
     except (CheckpointError, FileNotFoundError) as e:
@@ -155,8 +151,7 @@ def generate_cmd(
         if cached != uncached:
             first = next(i for i, (a, b) in enumerate(zip(cached, uncached, strict=True)) if a != b)
             console.print(
-                "[bold red]FAIL[/bold red]: cached and uncached generation differ (first at token "
-                f"{first})"
+                f"[bold red]FAIL[/bold red]: cached and uncached generation differ (first at token {first})"
             )
             raise typer.Exit(1)
         speedup = results[False][1] / max(results[True][1], 1e-12)

@@ -120,9 +120,7 @@ def _print_result(result: Any, out: Path | None = None) -> None:
     for path in result.figures:
         console.print(f"figure: {path}", highlight=False)
     if out is not None and not result.figures:
-        console.print(
-            f"[dim]this lesson draws no figure: nothing was written to {escape(str(out))}[/dim]"
-        )
+        console.print(f"[dim]this lesson draws no figure: nothing was written to {escape(str(out))}[/dim]")
     style = _STATUS_STYLE[result.verdict.status]
     console.print(
         f"[bold]verdict:[/bold] [{style}]{escape(result.verdict.short)}[/{style}] — {escape(result.verdict.because)}",
