@@ -40,13 +40,13 @@ def _show(lesson: Any) -> None:
 
     console.print(Text.assemble((lesson.name, "bold"), " — ", lesson.status))
     lines = [
-        f"{label(lesson.lecture)}, {lesson.section}",
-        f"kind: {lesson.kind}",
+        "{lecture}, {section}".format(lecture=label(lesson.lecture), section=lesson.section),
+        "kind: {kind}".format(kind=lesson.kind),
         lesson.claim_zh,
         lesson.claim_en,
     ]
     if lesson.reason:
-        lines.append(f"not measured: {lesson.reason}")
+        lines.append("not measured: {why}".format(why=lesson.reason))
     for line in lines:  # plain text: lesson texts are never parsed as markup
         console.print(Padding(Text(line), (0, 0, 0, 2)))
 
@@ -120,7 +120,11 @@ def _print_result(result: Any, out: Path | None = None) -> None:
     for path in result.figures:
         console.print(f"figure: {path}", highlight=False)
     if out is not None and not result.figures:
-        console.print(f"[dim]this lesson draws no figure: nothing was written to {escape(str(out))}[/dim]")
+        console.print(
+            "[dim]this lesson draws no figure: nothing was written to {out}[/dim]".format(
+                out=escape(str(out))
+            )
+        )
     style = _STATUS_STYLE[result.verdict.status]
     console.print(
         f"[bold]verdict:[/bold] [{style}]{escape(result.verdict.short)}[/{style}] — {escape(result.verdict.because)}",

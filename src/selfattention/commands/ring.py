@@ -146,13 +146,13 @@ def register(app: typer.Typer) -> None:
         worst = max(err, key=err.__getitem__)
         if err[worst] > TOLERANCE:
             console.print(
-                f"[bold red]FAIL[/bold red]: {worst} differs by {err[worst]:.1e} > {TOLERANCE:.0e} from the "
-                "single-process result",
+                "[bold red]FAIL[/bold red]: {what} differs by {diff:.1e} > {tol:.0e} from the "
+                "single-process result".format(what=worst, diff=err[worst], tol=TOLERANCE),
                 highlight=False,
             )
             raise typer.Exit(1)
         console.print(
-            f"[bold green]PASS[/bold green]: output and gradients within {TOLERANCE:.0e} of the single-process "
-            f"result (largest: {worst} {err[worst]:.1e})",
+            "[bold green]PASS[/bold green]: output and gradients within {tol:.0e} of the single-process "
+            "result (largest: {what} {diff:.1e})".format(what=worst, diff=err[worst], tol=TOLERANCE),
             highlight=False,
         )

@@ -46,11 +46,13 @@ def train_cmd(
 
     path = Path(checkpoint) if checkpoint is not None else default_checkpoint()
     if path.suffix != ".safetensors":
-        raise UsageError(f"--checkpoint must name a .safetensors file, got {path}")
+        raise UsageError("--checkpoint must name a .safetensors file, got {path}".format(path=path))
     recipe = recipe_with(steps=steps, seed=seed, threads=threads)
     console.print(
-        f"[bold]training[/bold] a small causal decoder on CPython's pydoc_data.topics: {recipe.steps} steps, "
-        f"seed {recipe.seed}, {recipe.threads} thread(s) → {path}",
+        "[bold]training[/bold] a small causal decoder on CPython's pydoc_data.topics: {steps} steps, "
+        "seed {seed}, {threads} thread(s) → {path}".format(
+            steps=recipe.steps, seed=recipe.seed, threads=recipe.threads, path=path
+        ),
         highlight=False,
     )
     argv = sys.argv[1:] if sys.argv and Path(sys.argv[0]).name == "selfattention" else ["train"]
