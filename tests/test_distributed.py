@@ -231,6 +231,18 @@ def test_cli_ring_runs_two_processes_and_matches_the_spec(capsys):
     assert main([*argv, "--layout", "zigzag", "--block-size", "2"]) == 0
     out = capsys.readouterr().out
     assert "max |ring − single process|" in out and "out " in out
+    assert "PASS: output and gradients within 1e-04" in out and "FAIL" not in out
+
+
+def test_cli_ring_prints_fail_and_exits_1_beyond_the_tolerance(capsys, monkeypatch):
+    import selfattention.commands.ring as ring_cmd
+    from selfattention.cli import main
+
+    monkeypatch.setattr(ring_cmd, "TOLERANCE", 0.0)  # float32 vs the float64 spec is never exactly 0
+    argv = ["ring", "-n", "2", "--seq-len", "5", "--heads", "1", "--head-dim", "3"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "FAIL:" in out and "> 0e+00" in out and "PASS" not in out
 
 
 @pytest.mark.parametrize(

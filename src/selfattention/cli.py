@@ -8,7 +8,9 @@ fix (bad input, missing file, malformed TOML) are raised as :class:`selfattentio
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -36,6 +38,40 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def _version(value: bool) -> None:
+    if value:
+        from .commands import console
+
+        console.print(f"selfattention {package_version()}", highlight=False)
+        raise typer.Exit(0)
+
+
+def package_version() -> str:
+    """The installed distribution's version (``importlib.metadata``), else ``selfattention.__version__``.
+
+    >>> package_version().count(".") >= 2
+    True
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("selfattention")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from . import __version__
+
+        return __version__
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", help="Print the version and exit.", callback=_version, is_eager=True
+    ),
+) -> None:
+    """Self-attention as the lectures describe it: replay, explain, check, measure."""
+
+
 for _name in COMMAND_MODULES:
     try:
         _module = importlib.import_module(f".commands.{_name}", __package__)
@@ -46,10 +82,40 @@ for _name in COMMAND_MODULES:
     _module.register(app)
 
 
+def _unwrap(text: str | None) -> str | None:
+    """A docstring's paragraphs as single lines (typer's rich help keeps the source's line breaks)."""
+    if not text:
+        return text
+    return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
+
+
+def _tidy_help(command: Any) -> None:
+    """Help that reads well at 80 columns, for a command and its subcommands.
+
+    Flags take no value, so none is shown (typer would print ``--check <bool>``, ``--help <bool>``), and
+    docstring paragraphs are re-flowed instead of breaking where the source lines break.
+    """
+    command.help = _unwrap(command.help)
+    # the help option is made on demand and cached per command: make it now, with a bare context
+    help_option = command.get_help_option(command.context_class(command))
+    for param in [*command.params, *([help_option] if help_option is not None else [])]:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        _tidy_help(sub)
+
+
+def command() -> Any:
+    """The click command behind ``app`` with the help fixes applied (what :func:`main` runs)."""
+    cmd = typer.main.get_command(app)
+    _tidy_help(cmd)
+    return cmd
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``selfattention`` script; returns the exit code."""
     try:
-        rc = app(args=argv, prog_name="selfattention", standalone_mode=False)
+        rc = command().main(args=argv, prog_name="selfattention", standalone_mode=False)
     except typer.Exit as e:
         return e.exit_code
     except typer.Abort:

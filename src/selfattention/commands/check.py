@@ -21,7 +21,7 @@ def check(
 ) -> None:
     """Recompute each printed number of a worked example: ok / within rounding / wrong.
 
-    See the README section "Worked-example checker" for the file format."""
+    The file format: docs/worked-examples.md."""
     if not 0 <= decimals <= 12:
         raise UsageError(f"--decimals must be between 0 and 12, got {decimals}")
     total_wrong = 0

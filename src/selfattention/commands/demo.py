@@ -28,26 +28,37 @@ _STEP_TITLES = [
 
 
 def check_table(example: WorkedExample, results: list[CheckResult] | None = None) -> tuple[Table, int]:
-    """The printed-vs-exact table of an example and the number of wrong values."""
-    table = Table(title="every number the text prints, recomputed", title_justify="left")
-    for col, just in (("what the text says", "left"), ("step[at]", "left"), ("printed", "right")):
-        table.add_column(col, justify=just)
-    for col in ("exact", "error", "verdict"):
-        table.add_column(col, justify="right")
-    wrong = 0
+    """The printed-vs-exact table of an example and the number of wrong values.
+
+    One line per printed number at any width: the numbers first, the sentence of the text last,
+    shortened with "…" when the terminal is too narrow for all of it.
+    """
+    rows, wrong = [], 0
     for r in example.check() if results is None else results:
         n = r.number
-        style = _STYLE.get(r.status, "")
         wrong += r.status == "wrong"
         at = f"[{', '.join(map(str, n.at))}]" if n.at else ""
-        table.add_row(
-            escape(n.text),
+        cells = [
             f"{n.step}{at}",
             f"{n.printed:.{n.decimals}f}",
             f"{r.exact:.{n.decimals + 3}f}",
             f"{r.error:+.{n.decimals + 2}f}",
-            f"[{style}]{r.status}[/{style}]",
-        )
+            r.status,
+        ]
+        rows.append((cells, n.text, _STYLE.get(r.status, "")))
+    heads = ["step[at]", "printed", "exact", "error", "verdict"]
+    table = Table(
+        title="every number the text prints, recomputed", title_justify="left", box=None, pad_edge=False
+    )
+    widths = [max([len(head), *(len(cells[i]) for cells, _, _ in rows)]) for i, head in enumerate(heads)]
+    for i, (head, width) in enumerate(zip(heads, widths, strict=True)):  # the numbers never shrink
+        table.add_column(head, justify="left" if i in (0, 4) else "right", no_wrap=True, min_width=width)
+    # the sentence takes what is left of the line (2 columns between cells) and ends in "…" if cut
+    room = max(12, console.width - sum(widths) - 2 * len(widths))
+    table.add_column("what the text says", no_wrap=True, overflow="ellipsis", max_width=room)
+    for cells, text, style in rows:
+        *plain, status = (escape(c) for c in cells)
+        table.add_row(*plain, f"[{style}]{status}[/{style}]", escape(text))
     return table, wrong
 
 
@@ -81,7 +92,7 @@ def show_example(example: WorkedExample, decimals: int = 4) -> int:
         terms = " + ".join(f"{float(w[j]):.4f}·{vname}({labels[j]})" for j in range(len(labels)))
         vec = ", ".join(f"{float(c):.4f}" for c in ctx)
         console.print(
-            f"[bold]context vector of {escape(repr(labels[focus]))}[/bold]: z = {escape(terms)} = \\[{vec}]"
+            f"[bold]context vector of “{escape(labels[focus])}”[/bold]: z = {escape(terms)} = \\[{vec}]"
         )
     table, wrong = check_table(example, results)
     console.print(table)

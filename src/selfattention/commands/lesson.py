@@ -14,63 +14,120 @@ import typer
 from . import UsageError, console
 
 lesson_app = typer.Typer(
-    help="The lectures' claims and exercises, measured: `lesson list`, `lesson run NAME [--out DIR]`.",
+    help="The lectures' claims and exercises, measured: `lesson list`, `lesson show NAME`, "
+    "`lesson run NAME [--out DIR]`.",
     no_args_is_help=True,
 )
 
 _STATUS_STYLE = {"holds": "green", "does not hold": "red", "holds only when": "yellow"}
 
 
-@lesson_app.command("list")
-def list_lessons() -> None:
-    """Every lesson with its lecture, kind and status (runnable, or why not)."""
-    from rich.table import Table
-
+def _by_lecture() -> list[tuple[str, list[Any]]]:
     from ..lessons import all_lessons
 
-    table = Table(title="lessons (lecture 000 = 简化自注意力, 003 = 自注意力 Q/K/V)", title_justify="left")
-    for col in ("name", "lecture", "kind", "claim", "status"):
-        table.add_column(col, overflow="fold")
+    groups: dict[str, list[Any]] = {}
     for lesson in all_lessons():
-        if lesson.runnable:
-            status = f"run: {lesson.budget}" + (", needs the model" if lesson.needs_model else "")
-        elif lesson.kind == "checker":
-            status = f"[cyan]checked by `selfattention check`[/cyan]: {lesson.reason}"
-        else:
-            status = f"[dim]discussed, not measurable: {lesson.reason}[/dim]"
-        table.add_row(lesson.name, lesson.lecture, lesson.kind, lesson.claim_en, status)
-    console.print(table)
+        groups.setdefault(lesson.lecture, []).append(lesson)
+    return sorted(groups.items())
+
+
+def _show(lesson: Any) -> None:
+    """The whole record of one lesson: lecture, section, the claim (Chinese and English), status."""
+    from rich.padding import Padding
+    from rich.text import Text
+
+    from ..lectures import label
+
+    console.print(Text.assemble((lesson.name, "bold"), " — ", lesson.status))
+    lines = [
+        "{lecture}, {section}".format(lecture=label(lesson.lecture), section=lesson.section),
+        "kind: {kind}".format(kind=lesson.kind),
+        lesson.claim_zh,
+        lesson.claim_en,
+    ]
+    if lesson.reason:
+        lines.append("not measured: {why}".format(why=lesson.reason))
+    for line in lines:  # plain text: lesson texts are never parsed as markup
+        console.print(Padding(Text(line), (0, 0, 0, 2)))
+
+
+@lesson_app.command("list")
+def list_lessons(
+    long: bool = typer.Option(False, "--long", "-l", help="Show each lesson's section and claims."),
+) -> None:
+    """Every lesson, by lecture: name, status (run / checker / discussed) and what it is about."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..lectures import label
+
+    for number, group in _by_lecture():
+        if long:
+            console.rule(f"[bold]{label(number)}", align="left")
+            for lesson in group:
+                _show(lesson)
+            continue
+        table = Table(title=label(number), title_justify="left", title_style="bold", box=None, pad_edge=False)
+        table.add_column("name", no_wrap=True, min_width=max(len(lesson.name) for lesson in group))
+        table.add_column("status", no_wrap=True, min_width=max(len(lesson.status) for lesson in group))
+        table.add_column("about", no_wrap=True, overflow="ellipsis")
+        for lesson in group:
+            table.add_row(lesson.name, lesson.status, escape(lesson.summary))
+        console.print(table)
     console.print(
-        "Run one with [bold]selfattention lesson run NAME [--out DIR][/bold], or all with `lesson run all`."
+        "Details: [bold]lesson show NAME[/bold] or [bold]lesson list --long[/bold]. "
+        "Run one with [bold]lesson run NAME [--out DIR][/bold], or all with [bold]lesson run all[/bold]."
     )
 
 
-def _print_result(result: Any) -> None:
+@lesson_app.command("show")
+def show_lesson(name: str = typer.Argument(..., help="Lesson name (see `lesson list`).")) -> None:
+    """One lesson's lecture, section, claim (as quoted and in English) and status."""
+    from .. import lessons
+
+    try:
+        lesson = lessons.get(name)
+    except KeyError as e:
+        raise UsageError(e.args[0]) from None
+    _show(lesson)
+
+
+def _print_result(result: Any, out: Path | None = None) -> None:
+    from rich import box
+    from rich.markup import escape
     from rich.panel import Panel
     from rich.table import Table
+
+    from ..lectures import label
 
     lesson = result.lesson
     console.print(
         Panel(
-            f"[bold]{lesson.claim_zh}[/bold]\n{lesson.claim_en}",
-            title=f"{lesson.name} — lecture {lesson.lecture}, {lesson.section}",
+            f"[dim]{escape(lesson.section)}[/dim]\n[bold]{escape(lesson.claim_zh)}[/bold]\n{escape(lesson.claim_en)}",
+            title=f"{lesson.name} — {label(lesson.lecture)}",
             title_align="left",
         )
     )
     for t in result.tables:
-        table = Table(title=t.title, title_justify="left")
+        table = Table(title=escape(t.title), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
         for col in t.columns:
-            table.add_column(col, overflow="fold")
+            table.add_column(escape(col), overflow="fold")
         for row in t.rows:
-            table.add_row(*(str(c) for c in row))
+            table.add_row(*(escape(str(c)) for c in row))
         console.print(table)
     for note in result.notes:
-        console.print(f"[dim]note:[/dim] {note}")
+        console.print(f"[dim]note:[/dim] {escape(note)}", highlight=False)
     for path in result.figures:
-        console.print(f"figure: {path}")
+        console.print(f"figure: {path}", highlight=False)
+    if out is not None and not result.figures:
+        console.print(
+            "[dim]this lesson draws no figure: nothing was written to {out}[/dim]".format(
+                out=escape(str(out))
+            )
+        )
     style = _STATUS_STYLE[result.verdict.status]
     console.print(
-        f"[bold]verdict:[/bold] [{style}]{result.verdict.short}[/{style}] — {result.verdict.because}",
+        f"[bold]verdict:[/bold] [{style}]{escape(result.verdict.short)}[/{style}] — {escape(result.verdict.because)}",
         highlight=False,
     )
     console.print(f"[dim]{result.seconds:.1f} s[/dim]")
@@ -111,7 +168,7 @@ def run_lesson(
                 result = lessons.run(n, out_dir=out, progress=progress)
             except ImportError as e:  # the model extra is missing
                 raise UsageError(f"lesson {n!r} needs the real model: {e}") from None
-        _print_result(result)
+        _print_result(result, out)
         results.append(result)
     if len(results) > 1:
         summary = Table(title="summary", title_justify="left")

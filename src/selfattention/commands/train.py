@@ -1,28 +1,61 @@
-"""``selfattention train``: train the small character-level decoder and save it (safetensors + JSON)."""
+"""``selfattention train``: train the small character-level decoder by step count and save it."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 
 import typer
 
-from ..decoder import TRAIN_BATCH, TRAIN_MAX_SECONDS, TRAIN_STEPS
-from . import console
+from ..decoder.training import RECIPE
+from . import UsageError, console
 
 
-def train_with_progress(path: Path, steps: int, max_seconds: float | None):
-    """Train the default decoder with a rich progress bar and save it to ``path``; returns
-    ``(model, tokenizer, info)``."""
+def _command_line(argv: list[str]) -> str:
+    """The command as a person would retype it (recorded in the checkpoint's JSON)."""
+    return shlex.join(["selfattention", *argv])
+
+
+def train_cmd(
+    checkpoint: Path = typer.Option(
+        None,
+        "--checkpoint",
+        help="Where to save (.safetensors; a .json goes next to it). "
+        "Default: ~/.cache/selfattention/decoder.safetensors (the shipped model is never overwritten "
+        "unless named here).",
+    ),
+    steps: int = typer.Option(
+        RECIPE.steps,
+        "--steps",
+        min=1,
+        help=f"Training steps, each a batch of {RECIPE.batch_size} × {RECIPE.context} characters.",
+    ),
+    seed: int = typer.Option(RECIPE.seed, "--seed", help="Seed of the initial weights and of the batches."),
+    threads: int = typer.Option(
+        RECIPE.threads, "--threads", min=1, help="torch threads while training (part of what makes a run)."
+    ),
+) -> None:
+    """Train the small decoder on the prose every Python ships, deterministically, and save it.
+
+    The defaults are the recipe of the checkpoint that ships in the package; its .json records the
+    command, steps, seed, losses and wall time. A run takes minutes (several thousand steps)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..decoder import train_default
+    from ..decoder import default_checkpoint, recipe_with, train_recipe
 
+    path = Path(checkpoint) if checkpoint is not None else default_checkpoint()
+    if path.suffix != ".safetensors":
+        raise UsageError("--checkpoint must name a .safetensors file, got {path}".format(path=path))
+    recipe = recipe_with(steps=steps, seed=seed, threads=threads)
     console.print(
-        f"[bold]training[/bold] a small causal decoder on CPython's pydoc_data.topics ({steps} steps, "
-        f"at most {max_seconds:.0f} s) → {path}"
-        if max_seconds
-        else f"[bold]training[/bold] a small causal decoder on CPython's pydoc_data.topics ({steps} steps) → {path}"
+        "[bold]training[/bold] a small causal decoder on CPython's pydoc_data.topics: {steps} steps, "
+        "seed {seed}, {threads} thread(s) → {path}".format(
+            steps=recipe.steps, seed=recipe.seed, threads=recipe.threads, path=path
+        ),
+        highlight=False,
     )
+    argv = sys.argv[1:] if sys.argv and Path(sys.argv[0]).name == "selfattention" else ["train"]
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -32,46 +65,26 @@ def train_with_progress(path: Path, steps: int, max_seconds: float | None):
         console=console,
         transient=False,
     ) as bar:
-        task = bar.add_task("training", total=steps, loss=float("nan"))
-        model, tok, info = train_default(
+        task = bar.add_task("training", total=recipe.steps, loss=float("nan"))
+        _, _, info = train_recipe(
             path,
-            steps=steps,
-            max_seconds=max_seconds,
+            recipe,
+            command=_command_line(argv),
             progress=lambda s, loss: bar.update(task, completed=s, loss=loss),
         )
     console.print(
-        f"trained {info['steps']} steps in {info['seconds']} s: train loss {info['train_loss']:.3f}, "
-        f"held-out loss {info['val_loss']:.3f} (nats/character); saved {path} and {path.with_suffix('.json')}"
+        "trained {steps} steps in {seconds} s: train loss {train:.3f}, held-out loss {held:.3f} "
+        "nats/character; saved {path} and {json}".format(
+            steps=info["steps"],
+            seconds=info["seconds"],
+            train=info["train_loss"],
+            held=info["held_out_loss"],
+            path=path,
+            json=path.with_suffix(".json"),
+        ),
+        highlight=False,
     )
-    if info["steps"] < info["steps_planned"]:
-        console.print(
-            f"[yellow]stopped early after {info['steps']} of {info['steps_planned']} steps (time cap; is the machine "
-            "busy?): the model is undertrained. Retrain with `selfattention train --max-seconds 0`.[/yellow]"
-        )
-    return model, tok, info
-
-
-def train(
-    checkpoint: Path = typer.Option(
-        None,
-        "--checkpoint",
-        help="Where to save (.safetensors; a .json config goes next to it). "
-        "Default: ~/.cache/selfattention/decoder.safetensors",
-    ),
-    steps: int = typer.Option(
-        TRAIN_STEPS, "--steps", min=1, help=f"Training steps (batches of {TRAIN_BATCH} × 256 characters)."
-    ),
-    max_seconds: float = typer.Option(
-        TRAIN_MAX_SECONDS, "--max-seconds", help="Stop early after this long (0 = no cap)."
-    ),
-) -> None:
-    """Train the small decoder (token + position embeddings, MultiHeadAttention blocks) on text every
-    Python ships, deterministically (seed 0), and save it with safetensors."""
-    from ..decoder import default_checkpoint
-
-    path = Path(checkpoint) if checkpoint is not None else default_checkpoint()
-    train_with_progress(path, steps, max_seconds or None)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("train")(train)
+    app.command("train")(train_cmd)

@@ -39,6 +39,9 @@ STATUSES = (HOLDS, FAILS, ONLY_WHEN)
 #: measurement exists (``reason`` says why); checker: a worked example, checked by ``selfattention check``.
 KINDS = ("measured", "exercise", "discussed", "checker")
 
+#: Longest ``Lesson.summary``: the one-line ``lesson list`` fits 80 columns with it.
+SUMMARY_MAX = 33
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -105,7 +108,8 @@ class Lesson:
         module: dotted module (inside this package) whose ``run`` measures it; None when not runnable.
         reason: for "discussed"/"checker": why there is no measurement here, or where it is checked.
         needs_model: whether ``run`` loads all-MiniLM-L6-v2.
-        budget: rough run time on 2 CPU cores, for ``lesson list``.
+        budget: rough run time on 2 CPU cores, for ``lesson list`` ("seconds" or a short "2 min").
+        summary: a few words for the one-line ``lesson list`` (at most :data:`SUMMARY_MAX` characters).
     """
 
     name: str
@@ -118,8 +122,11 @@ class Lesson:
     reason: str = ""
     needs_model: bool = False
     budget: str = "seconds"
+    summary: str = ""
 
     def __post_init__(self) -> None:
+        if not 0 < len(self.summary) <= SUMMARY_MAX:
+            raise ValueError(f"lesson {self.name}: summary must have 1 to {SUMMARY_MAX} characters")
         if self.kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {self.kind!r}")
         if (self.module is None) != (self.kind in ("discussed", "checker")):
@@ -128,6 +135,14 @@ class Lesson:
     @property
     def runnable(self) -> bool:
         return self.module is not None
+
+    @property
+    def status(self) -> str:
+        """Short status for lists: ``run``, ``run, model``, ``run, 2 min``, ``checker`` or ``discussed``."""
+        if not self.runnable:
+            return self.kind
+        extras = (["model"] if self.needs_model else []) + ([self.budget] if self.budget != "seconds" else [])
+        return ", ".join(["run", *extras])
 
     def runner(self) -> Callable[..., LessonResult]:
         """The lesson module's ``run`` function (imported on demand)."""

@@ -7,6 +7,7 @@ from ._base import Lesson
 DISCUSSED: tuple[Lesson, ...] = (
     Lesson(
         name="origin-bahdanau",
+        summary="attention's origin: Bahdanau 2015",
         lecture="000",
         section="Bahdanau 2015: attention 的起源",
         claim_zh="Attention 起源是解决 RNN encoder-decoder 的信息瓶颈",
@@ -17,6 +18,7 @@ DISCUSSED: tuple[Lesson, ...] = (
     ),
     Lesson(
         name="attention-is-the-skeleton",
+        summary="the Transformer's skeleton",
         lecture="000",
         section="Transformer 把 attention 从配菜变主菜",
         claim_zh="“Attention Is All You Need”：attention 不只是 RNN 的补丁，它自己就是骨架",
@@ -27,6 +29,7 @@ DISCUSSED: tuple[Lesson, ...] = (
     ),
     Lesson(
         name="worked-example-000",
+        summary="'Your journey starts' numbers",
         lecture="000",
         section="一个 3-token 例子从头到尾 (Your journey starts)",
         claim_zh="α_2 ≈ 0.21, 0.36, 0.43，Z ≈ 17.0",
@@ -37,6 +40,7 @@ DISCUSSED: tuple[Lesson, ...] = (
     ),
     Lesson(
         name="worked-example-003",
+        summary="the 2-token hand example",
         lecture="003",
         section="一个可以完全手算的例子",
         claim_zh="权重(1,1) ≈ 0.670，权重(1,2) ≈ 0.330，输出₁ = [1.340, 0.660]",
@@ -48,6 +52,7 @@ DISCUSSED: tuple[Lesson, ...] = (
     ),
     Lesson(
         name="library-analogy",
+        summary="Q/K/V as a library search",
         lecture="003",
         section="二、打个比方：图书馆检索",
         claim_zh="每个词都带着一个“我想找什么”的查询，去和每一个词“贴的标签”做匹配，再按匹配程度把内容加权混合",
@@ -58,6 +63,7 @@ DISCUSSED: tuple[Lesson, ...] = (
     ),
     Lesson(
         name="no-fixed-size-state",
+        summary="no fixed-size hidden state",
         lecture="003",
         section="四、这一讲机制自带的代价 (RNN 瓶颈对照表)",
         claim_zh="每个位置直接拿到全部其他位置的 Value 加权，没有被压缩进一个固定容量的容器",
@@ -69,6 +75,7 @@ DISCUSSED: tuple[Lesson, ...] = (
     ),
     Lesson(
         name="needs-data-to-learn-where-to-look",
+        summary="learning where to look needs data",
         lecture="003",
         section="四、这一讲机制自带的代价",
         claim_zh="具体该重点关注谁，完全靠训练从数据里学出来……需要足够多的数据和算力",
@@ -79,6 +86,7 @@ DISCUSSED: tuple[Lesson, ...] = (
     ),
     Lesson(
         name="parameter-free-on-edge-devices",
+        summary="parameter-free on small devices?",
         lecture="000",
         section="开放问题 1",
         claim_zh="无参版本计算便宜，在某些低算力场景（移动端 / 边缘）是否仍有价值？",

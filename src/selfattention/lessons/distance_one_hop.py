@@ -19,6 +19,7 @@ from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="distance-one-hop",
+    summary="any two positions: one step apart",
     lecture="000",
     section="Self-attention 相对 RNN 的两个根本变化；003 §4 对照表",
     claim_zh="任意两 token 距离 1 跳：不依赖中间，无梯度沿时间衰减（003：路径长度恒为 1，不随距离增长而衰减）",

@@ -4,7 +4,7 @@ Measured on a 2-layer stack of random :class:`selfattention.SelfAttention` layer
 the K and V of the first T−1 positions computed with and without a new token appended, with a causal
 mask and without one, and the new token's output computed from cached K, V (one query, bottom-right
 causal) against the full recomputation. On the bidirectional all-MiniLM-L6-v2 the prefix's keys change
-from layer 2 on when words are appended.
+from layer 1 on (layers count from 0) when words are appended.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, V
 
 LESSON = Lesson(
     name="kv-reuse",
+    summary="past K and V never change: cache",
     lecture="003",
     section="五、和后面课程的关系 (第 22 讲 KV Cache)",
     claim_zh="生成文字时，之前位置的 K、V 一旦算过就不会变，可以缓存下来避免重复计算",
@@ -55,8 +56,8 @@ def verdict(m: dict[str, Any]) -> Verdict:
         return Verdict(HOLDS, "prefix K/V unchanged with and without a causal mask")
     return Verdict(
         ONLY_WHEN,
-        f"causal: prefix K/V change {c:.0e}, cached output error {e:.0e}; bidirectional: prefix K/V of layer 2 change by {b:.2f}",
-        condition="attention is causal (a decoder); in a bidirectional encoder later tokens change earlier K/V from layer 2 on",
+        f"causal: prefix K/V change {c:.0e}, cached output error {e:.0e}; bidirectional: prefix K/V of layer 1 change by {b:.2f}",
+        condition="attention is causal (a decoder); in a bidirectional encoder later tokens change earlier K/V from layer 1 on (0-based)",
     )
 
 
@@ -95,7 +96,7 @@ def run(
     tables = [
         ResultTable(
             f"2 random SelfAttention layers, T = {T}: max change of the first T−1 positions' K, V when token T is appended",
-            ["attention", "layer 1", "layer 2"],
+            ["attention", "layer 0", "layer 1"],
             rows,
         ),
         ResultTable(
@@ -118,7 +119,7 @@ def run(
             ResultTable(
                 "MiniLM (bidirectional): keys of '[CLS] the cat sat' alone vs followed by 'on the mat.'",
                 ["layer", "max |ΔK|"],
-                [[i + 1, f"{v:.2e}"] for i, v in enumerate(change.tolist())],
+                [[i, f"{v:.2e}"] for i, v in enumerate(change.tolist())],
             )
         )
     return LessonResult(
@@ -127,7 +128,8 @@ def run(
         verdict(m),
         tables=tables,
         notes=[
-            "Layer 1's K and V are x·W of the inputs and never change; from layer 2 on they depend on "
+            "Layers count from 0. Layer 0's K and V are x·W of the inputs and never change; from layer 1 on "
+            "they depend on "
             "attention outputs, which only a causal mask keeps independent of later tokens."
         ],
     )

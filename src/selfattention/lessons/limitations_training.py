@@ -27,6 +27,7 @@ from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict, pro
 
 LESSON = Lesson(
     name="limitations-training",
+    summary="no parameters, no learned lookups",
     lecture="000",
     section="这个版本的局限在哪？ — 三个表达力受限的具体表现",
     claim_zh="简化版只能学相似，学不出这些（反义/句法关系）；ω_ij = ω_ji 无方向性；内容与查询混淆——引入 W_Q, W_K, W_V 同时解掉三个限制",
@@ -34,7 +35,7 @@ LESSON = Lesson(
     "query, key and content together, so it cannot learn to fetch from a dissimilar partner; Q/K/V can.",
     kind="measured",
     module="limitations_training",
-    budget="≤ 2 min",
+    budget="2 min",
 )
 
 N_CYCLES, CYCLE, PAYLOADS = 8, 3, 4

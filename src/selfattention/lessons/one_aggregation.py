@@ -22,13 +22,14 @@ from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict, pro
 
 LESSON = Lesson(
     name="one-aggregation-per-layer",
+    summary="one layer gathers once",
     lecture="003",
     section="四、这一讲机制自带的代价",
     claim_zh="一层自注意力只做了一次“信息汇聚”……更复杂的推理往往需要好几层自注意力叠加、反复汇聚才能做到",
     claim_en="One attention layer aggregates once; a chain of lookups (here: two hops) needs stacked layers.",
     kind="measured",
     module="one_aggregation",
-    budget="≤ 2 min",
+    budget="2 min",
 )
 
 NAMES, PAYLOADS, ITEMS = 16, 4, 8

@@ -22,6 +22,7 @@ from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, V
 
 LESSON = Lesson(
     name="polysemy",
+    summary="one word, many contextual vectors",
     lecture="003",
     section="定性验证：一词多义问题解决了吗",
     claim_zh="两句话里“苹果”查表查出来的初始向量完全相同，但自注意力算出来的最终表示完全不同",
@@ -39,6 +40,13 @@ SENTENCES = (
 )
 CHINESE = ("苹果公司发布了新款", "他咬了一口苹果")
 WORD = "apple"
+
+
+def _layer_label(k: int, short: bool = False) -> str:
+    """Row ``k`` of the hidden states: 0 = the embeddings, k ≥ 1 = the output of layer k − 1 (0-based)."""
+    if k == 0:
+        return "emb" if short else "embeddings (+ position)"
+    return str(k - 1) if short else f"after layer {k - 1}"
 
 
 def verdict(m: dict[str, Any]) -> Verdict:
@@ -94,12 +102,12 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
         "last_cos": per_layer[-1],
     }
     table = ResultTable(
-        f"cosine of the {WORD!r} vectors: 1 = {SENTENCES[0]!r}, 2 = {SENTENCES[1]!r}, 3 = {SENTENCES[2]!r}",
+        f"cosine of the “{WORD}” vectors: 1 = “{SENTENCES[0]}”, 2 = “{SENTENCES[1]}”, 3 = “{SENTENCES[2]}”",
         ["layer", "cos(1, 2)", "cos(1, 3)", "cos(2, 3)"],
         [["static word embedding", f"{static_cos:.4f}", f"{static_cos:.4f}", f"{static_cos:.4f}"]]
         + [
             [
-                ("0 (embeddings + position)" if k == 0 else str(k)),
+                _layer_label(k),
                 f"{c['12']:.4f}",
                 f"{c['13']:.4f}",
                 f"{c['23']:.4f}",
@@ -117,7 +125,7 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
     tables = [
         table,
         ResultTable(
-            f"where {WORD!r} looks (weights averaged over 6 layers × 12 heads, top 3)",
+            f"where “{WORD}” looks (weights averaged over 6 layers × 12 heads, top 3)",
             ["sentence", "keys"],
             top,
         ),
@@ -128,20 +136,22 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
         from ._base import new_figure, save_figure
 
         fig, ax = new_figure()
-        layers = list(range(n_layers))
+        layers = list(range(n_layers))  # 0 = embeddings, k = after layer k - 1 (0-based layers)
         for key, label in (
             ("12", "company vs fruit (1,2)"),
             ("13", "company vs fruit (1,3)"),
             ("23", "fruit vs fruit (2,3)"),
         ):
             ax.plot(layers, [c[key] for c in per_layer], "o-", label=label)
-        ax.set_xlabel("layer (0 = embeddings incl. position)")
-        ax.set_ylabel(f"cosine of the {WORD!r} vectors")
+        ax.set_xticks(layers, [_layer_label(k, short=True) for k in layers])
+        ax.set_xlabel("after layer (0-based; emb = embeddings incl. position)")
+        ax.set_ylabel(f"cosine of the “{WORD}” vectors")
         ax.set_title("lecture 003: one static embedding, different contextual vectors")
         ax.legend()
         figures.append(save_figure(fig, out_dir, LESSON.name))
     notes = [
-        "Layer 0 already differs because the position embedding is added before the first layer; the "
+        "Layers count from 0, as in `explain` and `report`. The embeddings already differ because "
+        "the position embedding is added before layer 0; the "
         "static word-embedding rows themselves are identical (same token id).",
         f"The lecture's 苹果 pair: MiniLM tokenizes 苹果 as [UNK] [UNK] ({m['chinese_tokens'][1]}), so it "
         "cannot be measured with this model; no Chinese-capable model's weights ship in a PyPI package here.",

@@ -22,6 +22,7 @@ from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, V
 
 LESSON = Lesson(
     name="set-operation-without-positions",
+    summary="no positions: order doesn't count",
     lecture="003",
     section="形式化验证：没有位置编码，自注意力真的是一个集合操作；思考题 3",
     claim_zh="调换输入顺序只会调换输出的顺序标签，每个位置各自算出的内容完全不变……无法区分“狗咬人”和“人咬狗”",
@@ -109,7 +110,7 @@ def _model_part(m: dict[str, Any], tables: list[ResultTable]) -> None:
         )
     tables.append(
         ResultTable(
-            f"MiniLM last layer: {SENTENCES[0]!r} vs {SENTENCES[1]!r} (tokens matched by word)",
+            f"MiniLM last layer: “{SENTENCES[0]}” vs “{SENTENCES[1]}” (tokens matched by word)",
             ["model", "max |h₁ − P h₂|", "cos(dog, dog)", "cos(man, man)", "cos(mean-pooled)"],
             rows,
         )

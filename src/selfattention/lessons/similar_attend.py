@@ -19,6 +19,7 @@ from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, V
 
 LESSON = Lesson(
     name="similar-means-attend",
+    summary="the most similar gets most weight",
     lecture="000",
     section="这个版本的局限在哪？ — 相似 = 关注",
     claim_zh="相似 = 关注：ω_ij 就是 x_i 和 x_j 的余弦相似度方向（没缩放的内积），语义相似的 token 必然互相关注",
@@ -107,7 +108,7 @@ def run(
         )
         tables.append(
             ResultTable(
-                f"MiniLM input embeddings (after LayerNorm) of {SENTENCE!r}, {X.shape[0]} tokens",
+                f"MiniLM input embeddings (after LayerNorm) of “{SENTENCE}”, {X.shape[0]} tokens",
                 ["quantity", "softmax(X Xᵀ)", "softmax(X Xᵀ/√384)"],
                 [
                     ["‖x‖ range", f"{m['model_norm_min']:.2f} – {m['model_norm_max']:.2f}", ""],

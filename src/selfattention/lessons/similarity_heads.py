@@ -19,6 +19,7 @@ from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, V
 
 LESSON = Lesson(
     name="similarity-driven-heads",
+    summary="trained heads: similarity-driven?",
     lecture="000",
     section="开放问题 2",
     claim_zh="“相似才关注”的限制是否被高估：训练后的 Q/K/V 投影是否真的让 attention 学反义关系，还是仍以相似为主？",
@@ -87,11 +88,11 @@ def run(
     top_mean = top_sum / len(sentences)
     m = {"corr": corr_mean.tolist(), "self_top": top_mean.tolist()}
     table = ResultTable(
-        f"MiniLM, mean over {len(sentences)} sentences: per layer, over its 12 heads",
+        f"MiniLM, mean over {len(sentences)} sentences: per layer (0-based), over its 12 heads",
         ["layer", "r(QKᵀ, XXᵀ) median", "max", "heads r > 0.5", "top key = self (mean)", "max head"],
         [
             [
-                i + 1,
+                i,
                 f"{corr_mean[i].median():.2f}",
                 f"{corr_mean[i].max():.2f}",
                 int((corr_mean[i] > STRONG).sum()),
@@ -113,10 +114,10 @@ def run(
             im = ax.imshow(
                 mat.numpy(), cmap="coolwarm" if lim[0] < 0 else "viridis", vmin=lim[0], vmax=lim[1]
             )
-            ax.set_xlabel("head")
-            ax.set_ylabel("layer")
-            ax.set_xticks(range(mat.shape[1]), [str(h + 1) for h in range(mat.shape[1])])
-            ax.set_yticks(range(mat.shape[0]), [str(i + 1) for i in range(mat.shape[0])])
+            ax.set_xlabel("head (0-based)")
+            ax.set_ylabel("layer (0-based)")
+            ax.set_xticks(range(mat.shape[1]), [str(h) for h in range(mat.shape[1])])
+            ax.set_yticks(range(mat.shape[0]), [str(i) for i in range(mat.shape[0])])
             ax.set_title(title)
             fig.colorbar(im, ax=ax, shrink=0.8)
         figures.append(save_figure(fig, out_dir, LESSON.name))

@@ -18,6 +18,7 @@ from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="single-token",
+    summary="one token: weight 1, output = v",
     lecture="003",
     section="思考题 4",
     claim_zh="如果一句话只有一个词（n=1），打分、softmax、加权求和会发生什么退化？这时候输出和输入是什么关系？",

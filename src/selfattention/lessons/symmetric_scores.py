@@ -20,6 +20,7 @@ from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, V
 
 LESSON = Lesson(
     name="symmetric-scores",
+    summary="scores symmetric without W_q, W_k",
     lecture="000",
     section="这个版本的局限在哪？ — 无方向性",
     claim_zh="无方向性：ω_ij = ω_ji，“我看你”和“你看我”权重完全对称",
@@ -100,10 +101,10 @@ def run(
         m["model_per_layer"] = [round(v, 4) for v in per_layer.tolist()]
         tables.append(
             ResultTable(
-                f"MiniLM, {SENTENCE!r}: max|S − Sᵀ| / max|S| of Q Kᵀ per layer (12 heads each)",
+                f"MiniLM, “{SENTENCE}”: max|S − Sᵀ| / max|S| of Q Kᵀ per layer (0-based; 12 heads each)",
                 ["layer", "largest over heads", "smallest over heads"],
                 [
-                    [i + 1, f"{per_layer[i]:.3f}", f"{per_head[i].min().item():.3f}"]
+                    [i, f"{per_layer[i]:.3f}", f"{per_head[i].min().item():.3f}"]
                     for i in range(per_head.shape[0])
                 ],
             )
@@ -119,7 +120,7 @@ def run(
             axes[1].imshow(head.numpy(), cmap="coolwarm", vmin=-lim, vmax=lim)
             axes[1].set_xticks(range(len(r.tokens)), r.tokens, rotation=90, fontsize=7)
             axes[1].set_yticks(range(len(r.tokens)), r.tokens, fontsize=7)
-            axes[1].set_title("MiniLM layer 1 head 1: Q Kᵀ (not symmetric)")
+            axes[1].set_title("MiniLM layer 0, head 0: Q Kᵀ (not symmetric)")
             figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(
         LESSON,

@@ -20,6 +20,7 @@ from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, V
 
 LESSON = Lesson(
     name="three-steps-one-matmul",
+    summary="loop over positions = one matmul",
     lecture="000",
     section="矩阵形式：一次算完整个序列",
     claim_zh="所有位置的输出在一次矩阵乘里同时算完，没有 RNN 那种“必须等前一步”的数据依赖（序列维全并行）",

@@ -19,6 +19,7 @@ from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="value-scales-output",
+    summary="W_v = 3I scales the output only",
     lecture="003",
     section="思考题 1",
     claim_zh="把 Wv 换成 3×单位矩阵（其他不变），重新算一遍位置 1 的输出。权重会变吗？输出向量的数值会怎么变？",

@@ -16,6 +16,7 @@ from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="weights-are-distributions",
+    summary="each row of weights sums to 1",
     lecture="003",
     section="softmax：把打分变成合法权重",
     claim_zh="套 softmax，变成一组非负、加起来等于 1 的权重",

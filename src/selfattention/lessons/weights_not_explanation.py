@@ -19,6 +19,7 @@ from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="weights-not-explanation",
+    summary="weights are not an explanation",
     lecture="003",
     section="五、和后面课程的关系 (第 31 讲 可解释性)",
     claim_zh="softmax 权重经常被直接当成“模型在关注什么”的证据来解读，但这个解读本身是有争议的，不能想当然地把注意力权重等同于“模型的推理过程”",
@@ -42,7 +43,7 @@ def verdict(m: dict[str, Any]) -> Verdict:
     ratios = [w / max(n, 1e-12) for w, n in zip(m["weight_share"], m["norm_share"], strict=True)]
     worst = max(range(len(ratios)), key=lambda i: ratios[i])
     text = (
-        f"layer {worst + 1}: [CLS]/[SEP] get {m['weight_share'][worst]:.0%} of the weight but deliver "
+        f"layer {worst}: [CLS]/[SEP] get {m['weight_share'][worst]:.0%} of the weight but deliver "
         f"{m['norm_share'][worst]:.0%} of the contribution norm ({ratios[worst]:.1f}×)"
     )
     if ratios[worst] >= OVERSTATED:
@@ -69,10 +70,10 @@ def run(
     w_share, n_share = w_share / len(sentences), n_share / len(sentences)
     m = {"weight_share": w_share.tolist(), "norm_share": n_share.tolist()}
     table = ResultTable(
-        f"MiniLM, mean over {len(sentences)} sentences, all heads and queries",
+        f"MiniLM, mean over {len(sentences)} sentences, all heads and queries (layers count from 0)",
         ["layer", "weight on [CLS]/[SEP]", "share of ‖α v‖ from [CLS]/[SEP]", "ratio"],
         [
-            [i + 1, f"{w:.1%}", f"{n:.1%}", f"{w / n:.1f}×"]
+            [i, f"{w:.1%}", f"{n:.1%}", f"{w / n:.1f}×"]
             for i, (w, n) in enumerate(zip(m["weight_share"], m["norm_share"], strict=True))
         ],
     )
@@ -81,13 +82,15 @@ def run(
         from ._base import new_figure, save_figure
 
         fig, ax = new_figure()
-        layers = range(1, len(m["weight_share"]) + 1)
+        layers = range(len(m["weight_share"]))  # 0-based, as in `explain` and `report`
         ax.bar([x - 0.2 for x in layers], m["weight_share"], width=0.4, label="attention weight α")
         ax.bar([x + 0.2 for x in layers], m["norm_share"], width=0.4, label="contribution ‖α v‖")
-        ax.set_xlabel("layer")
+        ax.set_xlabel("layer (0-based)")
         ax.set_ylabel("share on [CLS]/[SEP]")
         ax.set_title("weights overstate what [CLS]/[SEP] contribute")
-        ax.legend()
+        ax.set_xticks(list(layers))
+        # below the axes, so that no bar is hidden behind it
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncols=2, frameon=False)
         figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(
         LESSON,

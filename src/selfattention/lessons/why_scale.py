@@ -22,6 +22,7 @@ from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="why-scale-by-sqrt-dk",
+    summary="why divide the scores by √d_k",
     lecture="003",
     section="缩放：一个工程修正；思考题 2",
     claim_zh="点积是 dₖ 项数字相乘再相加，维度越高，数值的波动范围会越大……softmax 会过分尖锐，梯度变得极小；除以 √dₖ 把数值范围拉回",
@@ -129,6 +130,7 @@ def run(
         axes[0].plot(ds, [r["std"] for r in rows], "o-", label="measured std(q·k)")
         axes[0].plot(ds, [math.sqrt(d) for d in ds], "--", label="√d_k")
         axes[0].set_xlabel("d_k")
+        axes[0].set_ylabel("std of the score q·k")
         axes[0].legend()
         for key, ax, label in (("max_weight", axes[1], "mean max weight"), ("grad", axes[2], "‖∂L/∂logits‖")):
             ax.plot(ds, [r[f"{key}_unscaled"] for r in rows], "o-", label="q·k")

