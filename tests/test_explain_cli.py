@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from selfattention import functional, pretrained
+from selfattention import functional, hf, pretrained
 from selfattention.cli import main
 from selfattention.commands import explain as explain_cmd
 from selfattention.viz import attention_heatmap
@@ -95,9 +95,7 @@ def test_explain_truncation_message(capsys, monkeypatch):
 @model_test
 def test_explain_reports_a_mismatch_with_exit_1(capsys, monkeypatch):
     real = functional.attention_steps
-    monkeypatch.setattr(
-        pretrained, "attention_steps", lambda *a, scale=None, **k: real(*a, scale=2.0 * scale, **k)
-    )
+    monkeypatch.setattr(hf, "attention_steps", lambda *a, scale=None, **k: real(*a, scale=2.0 * scale, **k))
     code, out, _ = _run(capsys, "Attention is all you need.")
     assert code == 1
     assert "MISMATCH" in out and _reported(out, "attention weights") > 1e-3
