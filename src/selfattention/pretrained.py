@@ -159,6 +159,10 @@ def _load(path: str, attn_implementation: str) -> tuple[Any, Any]:
         )
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in the middle of our output
+    verbosity = hf_logging.get_verbosity()
+    # a decoder saved with its language-model head loads into the base model: transformers reports the
+    # unused head weights, which says nothing about the attention
+    hf_logging.set_verbosity_error()
     try:
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -168,6 +172,7 @@ def _load(path: str, attn_implementation: str) -> tuple[Any, Any]:
             path, local_files_only=True, attn_implementation=attn_implementation, dtype=torch.float32
         )
     finally:
+        hf_logging.set_verbosity(verbosity)
         if bar_was_on:
             hf_logging.enable_progress_bar()
     model.eval()
