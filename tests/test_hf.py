@@ -247,6 +247,29 @@ def test_greedy_generation_with_dynamic_and_static_cache(models, name, padded):
             assert (step_ours - step_theirs).abs().max() <= 2e-5, cache
 
 
+def test_output_attentions_with_a_static_cache_cover_every_cache_slot(models):
+    """At prefill the keys of empty cache slots are cut for the computation; the weights returned still
+    have a (zero) column for each slot, as eager's do."""
+    model = models["llama"]
+    ids = torch.randint(3, tiny_models.VOCAB, (1, 8), generator=torch.Generator().manual_seed(4))
+    runs = {}
+    for impl in ("eager", "selfattention"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            runs[impl] = model.generate(
+                input_ids=ids,
+                max_new_tokens=3,
+                do_sample=False,
+                cache_implementation="static",
+                output_attentions=True,
+                return_dict_in_generate=True,
+                pad_token_id=0,
+            )
+    for ours, theirs in zip(runs["selfattention"].attentions, runs["eager"].attentions, strict=True):
+        for a, b in zip(ours, theirs, strict=True):
+            assert a.shape == b.shape and (a - b).abs().max() <= 2e-6
+
+
 # ---------------------------------------------------------------- gradients
 
 
@@ -454,7 +477,7 @@ def test_dropout_only_in_training():
     [
         ({"alibi_slopes": torch.ones(4)}, TypeError, "'alibi_slopes'"),
         ({"block_indices": 3}, TypeError, "'block_indices'"),
-        ({"deterministic": False}, TypeError, "'deterministic'"),
+        ({"window_size": (4, 0)}, TypeError, "'window_size'"),
         ({"softcap": 0.0}, ValueError, "softcap must be"),
         ({"softcap": float("nan")}, ValueError, "softcap must be"),
         ({"sliding_window": -1}, ValueError, "sliding_window must be"),

@@ -40,10 +40,13 @@ GQA                 fewer key/value heads than query heads: grouped-query attent
 ==================  =========================================================================================
 
 Ignored because they describe nothing the mask does not already say (they serve flash-attention
-kernels, packed batches, caches or outputs): ``position_ids``, ``cu_seq_lens_q``, ``cu_seq_lens_k``,
-``max_length_q``, ``max_length_k``, ``seq_idx``, ``cache_position``, ``use_cache``,
-``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``, ``layer_idx``,
-``return_dict``. A ``None`` value of any argument counts as not given.
+kernels, packed batches, caches or outputs, or were consumed before the call): ``position_ids``,
+``cu_seq_lens_q``, ``cu_seq_lens_k``, ``max_length_q``, ``max_length_k``, ``seq_idx``,
+``cache_position``, ``use_cache``, ``output_hidden_states``, ``output_router_logits``,
+``num_items_in_batch``, ``layer_idx``, ``return_dict``, ``encoder_hidden_states`` and
+``encoder_attention_mask`` (the keys, values and mask were already made from them), ``deterministic``
+(a flash-attention switch for a deterministic backward; this library has no non-deterministic kernel
+of its own to switch). A ``None`` value of any argument counts as not given.
 
 **Mask-less calls**, exactly as transformers' ``sdpa`` path treats them: transformers passes no mask when
 ``is_causal`` (or SDPA's top-left causal alignment) says everything. A causal call with Tq > 1 is causal
@@ -108,6 +111,9 @@ IGNORED = frozenset(
         "num_items_in_batch",
         "layer_idx",
         "return_dict",
+        "encoder_hidden_states",
+        "encoder_attention_mask",
+        "deterministic",
     }
 )
 """Arguments transformers may pass that do not change attention once the mask is built (see above)."""

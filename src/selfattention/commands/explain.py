@@ -288,7 +288,7 @@ def explain(
     dw, dh = run.max_abs_diff_weights, run.max_abs_diff_hidden
     ok = dh is not None and dh <= TOLERANCE and (dw is None or dw <= TOLERANCE)
     verdict = (
-        f"[bold green]MATCH[/bold green]: all ≤ {TOLERANCE:g} (float32)"
+        f"[bold green]MATCH[/bold green]: {'both ' if dw is not None else ''}≤ {TOLERANCE:g} (float32)"
         if ok
         else f"[bold red]MISMATCH[/bold red]: larger than {TOLERANCE:g} (float32)"
     )
