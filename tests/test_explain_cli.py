@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from selfattention import functional, pretrained
+from selfattention import functional, hf, pretrained
 from selfattention.cli import main
 from selfattention.commands import explain as explain_cmd
 from selfattention.viz import attention_heatmap
@@ -95,9 +95,7 @@ def test_explain_truncation_message(capsys, monkeypatch):
 @model_test
 def test_explain_reports_a_mismatch_with_exit_1(capsys, monkeypatch):
     real = functional.attention_steps
-    monkeypatch.setattr(
-        pretrained, "attention_steps", lambda *a, scale=None, **k: real(*a, scale=2.0 * scale, **k)
-    )
+    monkeypatch.setattr(hf, "attention_steps", lambda *a, scale=None, **k: real(*a, scale=2.0 * scale, **k))
     code, out, _ = _run(capsys, "Attention is all you need.")
     assert code == 1
     assert "MISMATCH" in out and _reported(out, "attention weights") > 1e-3
@@ -223,3 +221,38 @@ def test_the_help_and_readme_claims_about_the_default_head_hold(default_run):
     prev = default_run.weights(0, 2)
     T = len(toks)
     assert all(float(prev[i, i - 1]) > 0.99 for i in range(2, T))
+
+
+@model_test
+def test_explain_echoes_the_text_as_written(capsys):
+    text = "I can't shrug ¯\\_(ツ)_/¯ twice"
+    code, out, err = _run(capsys, text, "--top", "1")
+    assert code == 0, err
+    assert f'text: "{text}"' in out and "can\\'t" not in out and "\\\\_" not in out
+
+
+@model_test
+def test_explain_notes_inputs_past_the_trained_length(capsys):
+    assert pretrained.trained_length() == 256 and pretrained.position_limit() == 512  # MiniLM's own files
+    code, out, err = _run(capsys, " ".join(["cat"] * 300), "--top", "1")
+    text = " ".join(out.split())
+    assert code == 0, err
+    assert "trained on inputs of at most 256 tokens" in text and "this text has 302" in text
+    code, out, _ = _run(capsys, "Attention is all you need.", "--top", "1")
+    assert code == 0 and "trained on inputs" not in out
+
+
+@model_test
+def test_the_report_opens_on_it_in_the_built_in_sentence(default_run):
+    """The rule of selfattention.focus picks the head and token the README describes: 3.1, "it"."""
+    from selfattention.report import model_report
+
+    payload = model_report(default_run)
+    assert payload["initial"] == {"layer": 3, "head": 1, "token": default_run.tokens.index("it")}
+    # the exact traces are the run's own steps, not recomputed: bit for bit the run's weights
+    from selfattention.report import decode_array
+
+    assert (
+        decode_array(payload["exact"]["3.1"]["weights"]).tobytes()
+        == default_run.attentions[3, 1].numpy().tobytes()
+    )

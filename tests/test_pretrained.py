@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from selfattention import functional
+from selfattention import functional, hf
 from selfattention.pretrained import ModelRun
 from tests.oracle import attention_ref
 
@@ -83,7 +83,7 @@ def test_our_backend_is_registered_and_selected():
 
     model, _ = pretrained.load_model()
     assert model.config._attn_implementation == pretrained.BACKEND_NAME
-    assert AttentionInterface()[pretrained.BACKEND_NAME] is pretrained.attention_forward
+    assert AttentionInterface()[pretrained.BACKEND_NAME] is hf.attention_forward
     assert not model.training and next(model.parameters()).dtype == torch.float32
 
 
@@ -97,7 +97,7 @@ def test_poisoned_attention_shows_up_in_the_model(monkeypatch):
         calls.append(scale)
         return real(*args, scale=1.5 * scale, **kwargs)
 
-    monkeypatch.setattr(pretrained, "attention_steps", wrong_scale)
+    monkeypatch.setattr(hf, "attention_steps", wrong_scale)
     run = pretrained.run_text(SHORT)
     assert len(calls) == 6 and calls[0] == pytest.approx(32**-0.5)
     assert run.max_abs_diff_weights > 1e-2

@@ -226,7 +226,7 @@ def test_model_report_notes_truncation_and_eager_difference():
     run.truncated, run.n_tokens_full, run.max_abs_diff_weights = True, 700, 3e-8
     p = model_report(run)
     assert any("first 6 tokens" in n and "700" in n for n in p["notes"])
-    assert ["vs transformers eager", "max |Δw| = 3e-08"] in p["facts"]
+    assert ["vs transformers eager", "max |Δw| = 3.0e-08"] in p["facts"]
 
 
 # ---------------------------------------------------------------- the static figure

@@ -288,3 +288,78 @@ def test_payload_in_the_page_is_the_one_written(reports):
         torch.from_numpy(decode_array(back["exact"]["1.1"]["weights"]).copy()),
         attention_steps(run.queries[1, 1], run.keys[1, 1], run.values[1, 1]).weights,
     )
+
+
+def _contrast(a, b) -> float:
+    def lum(c):
+        c = [x / 255 for x in c[:3]]
+        c = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in c]
+        return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2]
+
+    hi, lo = sorted((lum(a), lum(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def test_numbers_in_the_cells_are_readable(open_page, tmp_path):
+    """The journey example writes its weights in the cells: no veil over them, and text and cell colour
+    at a WCAG contrast of at least 4.5 (grey 0.3273 and white 0.3546 on light blue were hard to read)."""
+    path = tmp_path / "journey.html"
+    write_report(example_report(load_example("journey")), path)
+    pg = open_page(path, width=1100)
+    cells = pg.page.evaluate(
+        """() => { const h = document.getElementById('heatmap'), d = document.getElementById('overlay').dataset;
+             const s = h.width / +d.size, cell = +d.cell, out = [];
+             const all = h.getContext('2d').getImageData(0, 0, h.width, h.height).data;  // one read-back
+             for (let i = 0; i < 3; i++) for (let j = 0; j < 3; j++) {
+               const x0 = Math.round((+d.left + j * cell) * s) + 3, y0 = Math.round((+d.top + i * cell) * s) + 3;
+               const n = Math.round(cell * s) - 6, px = [];
+               for (let y = y0; y < y0 + n; y++) for (let x = x0; x < x0 + n; x++) {
+                 const o = 4 * (y * h.width + x); px.push(all[o], all[o + 1], all[o + 2], all[o + 3]);
+               }
+               out.push([i, j, px]);
+             }
+             return out; }"""
+    )
+    for i, j, data in cells:
+        assert pg.overlay_alpha(i, j) == 0, (i, j)  # nothing veils a cell that shows its number
+        px = [tuple(data[k : k + 3]) for k in range(0, len(data), 4)]
+        background = max(set(px), key=px.count)
+        ink = max(px, key=lambda p: sum(abs(a - b) for a, b in zip(p, background, strict=True)))
+        assert _contrast(background, ink) >= 4.5, (i, j, background, ink)
+    pg.assert_clean()
+
+
+def test_a_long_input_report_has_statistics_and_matrices_of_the_stored_heads_only(open_page, tmp_path):
+    """Statistics mode (no weight matrices kept): grey thumbnails for heads without a matrix, a message
+    instead of the heatmap, and the tiled path's heaviest keys of the selected query."""
+    from selfattention.hf import AttentionCall
+
+    run = synthetic_run(40, n_layers=2, n_heads=3, head_dim=6, seed=5)
+    run.calls = [
+        AttentionCall(
+            run.queries[la][None], run.keys[la][None], run.values[la][None], None, False, None, False, 40
+        )
+        for la in range(2)
+    ]
+    full_weights, run.attentions = run.attentions, None
+    p = model_report(run, head=(1, 2), token=5, exact_budget_mb=1e-6, top_k=3)
+    assert p["u8_heads"] == ["1.2"] and list(p["exact"]) == ["1.2"]
+    path = tmp_path / "stats.html"
+    write_report(p, path)
+    pg = open_page(path)
+    assert pg.page.locator(".thumb.nomatrix").count() == 5
+    tip = pg.hover(5, 7)
+    assert float(tip["weight"]) == pytest.approx(
+        float(full_weights[1, 2, int(tip["query"]), int(tip["key"])]), rel=1e-5
+    )
+    pg.page.locator(".thumb[data-layer='0'][data-head='1']").click()
+    assert "not stored in this file" in pg.page.locator("#trace").inner_text()
+    keys = [
+        int(k)
+        for k in pg.page.eval_on_selector_all(
+            "#trace .chips span[data-key]", "els => els.map(e => e.dataset.key)"
+        )
+    ]
+    assert keys == torch.topk(full_weights[0, 1, 5], 3).indices.tolist()
+    assert "No matrix" not in pg.page.locator("#trace").inner_text()
+    pg.assert_clean()

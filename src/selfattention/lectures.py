@@ -4,13 +4,16 @@
 'lecture 000 · 简化自注意力'
 >>> LECTURES["003"].title_en
 'self-attention with learnable Q/K/V'
+>>> name_lectures("lecture 003 (003_1980bb6a296476b4.txt), section 三")
+'lecture 003 (自注意力 Q/K/V), section 三'
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-__all__ = ["Lecture", "LECTURES", "get", "label"]
+__all__ = ["Lecture", "LECTURES", "get", "label", "lecture_title", "name_lectures"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +56,16 @@ def get(number: str) -> Lecture:
 def label(number: str) -> str:
     """``lecture NNN · title`` — how commands name a lecture."""
     return f"lecture {number} · {get(number).title}"
+
+
+def lecture_title(number: str) -> str:
+    """The title of lecture ``number`` ("000", "003"); ``KeyError`` naming the known ones otherwise."""
+    return get(number).title
+
+
+_FILE = re.compile(r"\b(\d{3})_[0-9a-f]{16}\.txt\b")
+
+
+def name_lectures(text: str) -> str:
+    """``text`` with every lecture file name (``NNN_<16 hex>.txt``) replaced by that lecture's title."""
+    return _FILE.sub(lambda m: LECTURES[m.group(1)].title if m.group(1) in LECTURES else m.group(0), text)

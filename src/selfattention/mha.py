@@ -67,10 +67,6 @@ def merge_masks(
     return a + b
 
 
-def _capturing() -> bool:
-    return bool(_hooks._recorders.get())
-
-
 class MultiHeadAttention(nn.Module):
     """Multi-head (and grouped-/multi-query) scaled dot-product attention with an output projection.
 
@@ -303,7 +299,6 @@ class MultiHeadAttention(nn.Module):
                 "the batch size B, and key/value the length Tk"
             )
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        _hooks.record({"inputs": query})
 
         q = self.q_proj(query).view(batch, q_len, H, D).transpose(1, 2)  # (B, Tq, E) -> (B, H, Tq, D)
         k = self.k_proj(key).view(batch, key.shape[1], Hkv, D).transpose(1, 2)  # (B, Hkv, Tk, D)
@@ -332,10 +327,11 @@ class MultiHeadAttention(nn.Module):
 
         dropout_p = self.dropout if self.training else 0.0
         weights = None
-        if need_weights or _capturing() or self.backend in (None, "reference"):
-            steps = F.attention_steps(
-                q, k, v, mask, dropout_p, causal, enable_gqa=True, training=self.training
-            )
+        if need_weights or _hooks.capturing() or self.backend in (None, "reference"):
+            with _hooks.inputs(query):
+                steps = F.attention_steps(
+                    q, k, v, mask, dropout_p, causal, enable_gqa=True, training=self.training
+                )
             context = steps.context
             if need_weights:
                 weights = steps.weights

@@ -43,7 +43,8 @@ class SimpleSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_x(x)
-        return F.simple_attention(x)
+        with _hooks.inputs(x):
+            return F.simple_attention(x)
 
 
 class SelfAttention(nn.Module):
@@ -57,6 +58,7 @@ class SelfAttention(nn.Module):
         d_out: features of query, key, value and of the output (the head_dim).
         qkv_bias: whether the three projections have a bias.
         backend: attention backend name (see :mod:`selfattention.backends`); ``None`` = reference.
+            Inside :func:`selfattention.capture` the reference path runs, so the trace has every step.
 
     forward(x, attn_mask=None, is_causal=False): x (..., T, d_in) → context vectors (..., T, d_out).
     ``attn_mask`` is bool (True = attend) or additive float, broadcastable to (..., T, T).
@@ -83,13 +85,15 @@ class SelfAttention(nn.Module):
         is_causal: bool = False,
     ) -> torch.Tensor:
         _check_x(x, self.d_in)
-        _hooks.record({"inputs": x})
         query = self.W_query(x)  # (..., T, d_out)
         key = self.W_key(x)  # (..., T, d_out)
         value = self.W_value(x)  # (..., T, d_out)
-        return scaled_dot_product_attention(
-            query, key, value, attn_mask=attn_mask, is_causal=is_causal, backend=self.backend
-        )
+        # inside capture() the reference path runs, so the trace has the steps of this very call
+        backend = None if _hooks.capturing() else self.backend
+        with _hooks.inputs(x):
+            return scaled_dot_product_attention(
+                query, key, value, attn_mask=attn_mask, is_causal=is_causal, backend=backend
+            )
 
     def extra_repr(self) -> str:
         return f"d_in={self.d_in}, d_out={self.d_out}"

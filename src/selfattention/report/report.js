@@ -51,7 +51,7 @@
       const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
       bytes = new Uint8Array(await new Response(stream).arrayBuffer());
     }
-    const C = { f32: Float32Array, f64: Float64Array, u8: Uint8Array }[enc.dtype];
+    const C = { f32: Float32Array, f64: Float64Array, u8: Uint8Array, i32: Int32Array }[enc.dtype];
     const n = enc.shape.reduce((a, b) => a * b, 1);
     const buf = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + n * C.BYTES_PER_ELEMENT);
     const arr = new C(buf);
@@ -74,22 +74,41 @@
     for (let c = 0; c < 3; c++) LUT[3 * i + c] = Math.round(c0[c] + f * (c1[c] - c0[c]));
   }
   const rgb = (i) => `rgb(${LUT[3 * i]},${LUT[3 * i + 1]},${LUT[3 * i + 2]})`;
+  // text on a coloured cell: black or white, whichever has the higher WCAG contrast with that colour
+  const INK = "#101828";
+  function lum(r, g, b) {
+    const f = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  }
+  const INK_LUM = lum(16, 24, 40);
+  const TEXT_ON = Array.from({ length: 256 }, (_, i) => {
+    const L = lum(LUT[3 * i], LUT[3 * i + 1], LUT[3 * i + 2]);
+    return (1.05) / (L + 0.05) > (L + 0.05) / (INK_LUM + 0.05) ? "#ffffff" : INK;
+  });
   const APPROX = new Float32Array(256);
   for (let q = 0; q < 256; q++) APPROX[q] = (q / 255) * (q / 255);
 
   // ---------- state ----------
-  let D, T, L, H, U8;
+  let D, T, L, H, U8, U8_INDEX = null, TOPK = null, SPECIAL_FLAGS = null;
   const exact = {};          // "l.h" -> {weights, scores, scaled, context, [query, key, value], scale}
   const approxCache = {};
   const S = { layer: 0, head: 0, token: 0, dir: "out", scale: "sqrt", metric: "entropy", showAll: false, sortByWeight: false, hover: null };
   const key = (l, h) => l + "." + h;
 
+  // where head (l, h) starts in the 8-bit data, or -1 when its matrix is not stored (long inputs)
+  function u8Offset(l, h) {
+    if (!U8_INDEX) return (l * H + h) * T * T;
+    const i = U8_INDEX[key(l, h)];
+    return i === undefined ? -1 : i * T * T;
+  }
   function headWeights(l, h) {
     const e = exact[key(l, h)];
     if (e) return e.weights;
     const k = key(l, h);
     if (!approxCache[k]) {
-      const off = (l * H + h) * T * T, a = new Float32Array(T * T);
+      const off = u8Offset(l, h);
+      if (off < 0) return null;
+      const a = new Float32Array(T * T);
       for (let i = 0; i < T * T; i++) a[i] = APPROX[U8[off + i]];
       approxCache[k] = a;
     }
@@ -128,7 +147,8 @@
     const box = $("tokens");
     box.textContent = "";
     tokenSpans = D.tokens.map((t, i) => {
-      const s = el("span", { class: "tok" + (SPECIAL.test(t) ? " special" : ""), "data-i": i, title: `#${i}` }, t);
+      const isSpecial = SPECIAL_FLAGS ? SPECIAL_FLAGS[i] : SPECIAL.test(t);
+      const s = el("span", { class: "tok" + (isSpecial ? " special" : ""), "data-i": i, title: `#${i}` }, t);
       s.addEventListener("click", () => selectToken(i));
       box.append(s);
       return s;
@@ -137,7 +157,13 @@
   function shadeTokens() {
     const w = headWeights(S.layer, S.head), s = S.token;
     const vals = new Float32Array(T);
-    for (let j = 0; j < T; j++) vals[j] = S.dir === "out" ? w[s * T + j] : w[j * T + s];
+    if (w) {
+      for (let j = 0; j < T; j++) vals[j] = S.dir === "out" ? w[s * T + j] : w[j * T + s];
+    } else if (TOPK && S.dir === "out") {
+      // no matrix for this head: its heaviest keys for the selected query
+      const [idx, wt] = topKeys(S.layer, S.head, s);
+      idx.forEach((j, n) => { if (j >= 0) vals[j] = wt[n]; });
+    }
     let mx = 0;
     for (let j = 0; j < T; j++) mx = Math.max(mx, vals[j]);
     for (let j = 0; j < T; j++) {
@@ -145,15 +171,21 @@
       const ci = Math.round(Math.sqrt(t) * 255 * 0.92);
       const span = tokenSpans[j];
       span.style.background = rgb(ci);
-      span.style.color = ci > 150 ? "#fff" : "#1b1f2a";
+      span.style.color = TEXT_ON[ci];
       span.dataset.shade = t.toFixed(4);
       span.dataset.weight = String(vals[j]);
       span.title = `#${j} · ${S.dir === "out" ? "weight from" : "weight to"} “${D.tokens[s]}”: ${fmt(vals[j])}`;
       span.classList.toggle("sel", j === s);
     }
-    $("tokens-hint").textContent = S.dir === "out"
-      ? `shade: how much “${D.tokens[s]}” (#${s}) attends to each token (√, relative to its largest weight)`
+    $("tokens-hint").textContent = !w && !(TOPK && S.dir === "out")
+      ? `no matrix stored for layer ${S.layer} · head ${S.head} (long input): nothing to shade`
+      : S.dir === "out"
+      ? `shade: how much “${D.tokens[s]}” (#${s}) attends to each token (√, relative to its largest weight)` + (w ? "" : `; its ${TOPK.k} heaviest keys only`)
       : `shade: how much each token attends to “${D.tokens[s]}” (#${s}) (√, relative to the largest)`;
+  }
+  function topKeys(l, h, i) {
+    const k = TOPK.k, off = ((l * H + h) * T + i) * k;
+    return [Array.from(TOPK.indices.subarray(off, off + k)), Array.from(TOPK.weights.subarray(off, off + k))];
   }
 
   // ---------- head grid ----------
@@ -172,7 +204,8 @@
         const c = el("canvas", { class: "thumb", width: R, height: R, "data-layer": l, "data-head": h });
         const st = D.stats;
         c.title = `layer ${l} · head ${h}\nentropy ${fmt(st.entropy[l][h], 3)} bits · self ${pct(st.self[l][h])}` +
-          ` · first ${pct(st.first[l][h])} · last ${pct(st.last[l][h])}` + (exact[key(l, h)] ? "\nexact values stored" : "");
+          ` · first ${pct(st.first[l][h])} · last ${pct(st.last[l][h])}` + (exact[key(l, h)] ? "\nexact values stored" : "") +
+          (u8Offset(l, h) < 0 ? "\nno matrix stored (long input): statistics and heaviest keys only" : "");
         c.addEventListener("click", () => selectHead(l, h));
         if (exact[key(l, h)] && Object.keys(exact).length < L * H) c.classList.add("exact");
         grid.append(c);
@@ -181,6 +214,7 @@
     }
     const nExact = Object.keys(exact).length;
     $("grid-note").textContent = (T > 64 ? `Thumbnails show the largest weight in each block of ${Math.ceil(T / 64)}×${Math.ceil(T / 64)} cells. ` : "") +
+      (U8_INDEX ? `The input is long: only ${Object.keys(U8_INDEX).length} heads have a matrix; the grey ones have statistics and each query's heaviest keys. ` : "") +
       (nExact < L * H ? `Exact values and traces stored for ${nExact} of ${L * H} heads (underlined in blue: ${Object.keys(exact).map((k) => "L" + k.replace(".", "·H")).join(", ")}); the others show 8-bit values.` : "Exact values stored for every head.");
     drawThumbs();
   }
@@ -190,8 +224,11 @@
   for (let q = 0; q < 256; q++) LIN[q] = Math.round(255 * APPROX[q]);
   function drawThumbs() {
     for (const c of thumbs) {
-      const l = +c.dataset.layer, h = +c.dataset.head, R = c.width, off = (l * H + h) * T * T;
-      const ctx = c.getContext("2d"), img = ctx.createImageData(R, R), px = img.data;
+      const l = +c.dataset.layer, h = +c.dataset.head, R = c.width, off = u8Offset(l, h);
+      const ctx = c.getContext("2d");
+      c.classList.toggle("sel", l === S.layer && h === S.head);
+      if (off < 0) { ctx.fillStyle = "#e4e7ee"; ctx.fillRect(0, 0, R, R); c.classList.add("nomatrix"); continue; }
+      const img = ctx.createImageData(R, R), px = img.data;
       let rowQ = null;
       if (S.scale === "row") {
         rowQ = new Uint8Array(T);
@@ -246,6 +283,7 @@
   }
   function drawHeat() {
     const w = headWeights(S.layer, S.head);
+    if (!w) { drawNoMatrix(); return; }
     const rm = rowMaxes(w);
     const off = document.createElement("canvas");
     off.width = T; off.height = T;
@@ -273,7 +311,7 @@
       const digits = geo.cell >= 64 ? 4 : 2;
       for (let i = 0; i < T; i++) for (let j = 0; j < T; j++) {
         const v = w[i * T + j], ci = colourIndex(v, rm[i]);
-        ctx.fillStyle = ci > 150 ? "#ffffff" : "#1b1f2a";
+        ctx.fillStyle = TEXT_ON[ci];
         ctx.fillText((exact[key(S.layer, S.head)] ? "" : "≈") + v.toFixed(digits), geo.left + (j + 0.5) * geo.cell, geo.top + (i + 0.5) * geo.cell);
       }
       ctx.fillStyle = "#475467";
@@ -314,6 +352,19 @@
     }
     drawOverlay();
   }
+  function drawNoMatrix() {
+    cellImage = null;
+    const c = $("heatmap"), ctx = c.getContext("2d");
+    ctx.clearRect(0, 0, geo.size, geo.size);
+    ctx.fillStyle = "#f6f7fb";
+    ctx.fillRect(geo.left, geo.top, geo.cell * T, geo.cell * T);
+    ctx.fillStyle = "#475467"; ctx.textAlign = "center"; ctx.textBaseline = "middle";
+    ctx.font = "14px " + getComputedStyle(document.body).fontFamily;
+    const x = geo.left + geo.cell * T / 2, y = geo.top + geo.cell * T / 2;
+    ctx.fillText(`No matrix is stored for layer ${S.layer} · head ${S.head}: the input is long.`, x, y - 12);
+    ctx.fillText(`Pick a head with a coloured thumbnail, or: selfattention report … --head ${S.layer}.${S.head}`, x, y + 12);
+    $("overlay").getContext("2d").clearRect(0, 0, geo.size, geo.size);
+  }
   function niceStep(n) {
     for (const s of [1, 2, 5, 10, 20, 25, 50, 100, 128, 200, 256]) if (n / s <= 8) return s;
     return 500;
@@ -321,9 +372,11 @@
   function drawOverlay() {
     const c = $("overlay"), ctx = c.getContext("2d"), s = S.token, g = geo;
     ctx.clearRect(0, 0, g.size, g.size);
+    if (!headWeights(S.layer, S.head)) return;
     const x0 = g.left, y0 = g.top, n = g.cell * T, cs = g.cell;
-    // veil everything except the selected row (what the token attends to) and column (what attends to it)
-    if (cs >= 4) {
+    // veil everything except the selected row (what the token attends to) and column (what attends to it);
+    // not when the cells hold their numbers (cell ≥ 40 px): a veil would fade them to grey
+    if (cs >= 4 && cs < 40) {
       ctx.fillStyle = "rgba(255,255,255,0.6)";
       ctx.fillRect(x0, y0, n, n);
       ctx.clearRect(x0, y0 + s * cs, n, cs);     // row band
@@ -394,7 +447,9 @@
       S.hover = [i, j];
       drawOverlay();
       const e = exact[key(S.layer, S.head)];
-      const w = headWeights(S.layer, S.head)[i * T + j];
+      const hw = headWeights(S.layer, S.head);
+      if (!hw) { tip.hidden = true; return; }
+      const w = hw[i * T + j];
       tip.textContent = "";
       tip.append(
         el("div", null, "query ", el("span", { class: "t", text: D.tokens[i] }), ` #${i} → key `, el("span", { class: "t", text: D.tokens[j] }), ` #${j}`),
@@ -468,7 +523,7 @@
         const v = st[l][h], t = hi > lo ? (v - lo) / (hi - lo) : 0.5, ci = Math.round(t * 220);
         const td = el("td", {
           class: l === S.layer && h === S.head ? "sel" : null,
-          style: `background:${rgb(ci)};color:${ci > 150 ? "#fff" : "#1b1f2a"}`,
+          style: `background:${rgb(ci)};color:${TEXT_ON[ci]}`,
           title: `layer ${l} · head ${h}`,
           text: S.metric === "entropy" ? v.toFixed(2) : (100 * v).toFixed(1),
         });
@@ -506,6 +561,11 @@
         links.flatMap((b, n) => (n ? [" ", b] : [b])),
         `. Select one of those heads, or make a report for this head: `,
         el("code", { text: `selfattention report … --head ${l}.${h}` }), "."));
+      if (TOPK) {
+        const [idx, wt] = topKeys(l, h, s);
+        box.append(el("p", { class: "small", text: `Heaviest keys of query “${D.tokens[s]}” (#${s}) in this head (from the tiled statistics):` }),
+          el("div", { class: "chips" }, idx.map((j, n) => j < 0 ? null : el("span", { "data-key": j }, el("i", { text: "#" + j }), `${D.tokens[j]} ${fmt(wt[n], 4)}`))));
+      }
       return;
     }
     const dk = e.query ? e.query.shape[1] : D.head_dim, dv = e.context.shape[1];
@@ -601,6 +661,12 @@
     S.layer = D.initial.layer; S.head = D.initial.head; S.token = D.initial.token;
     renderHeader();
     U8 = await decode(D.weights_u8);
+    if (D.u8_heads) U8_INDEX = Object.fromEntries(D.u8_heads.map((k, i) => [k, i]));
+    if (D.special) SPECIAL_FLAGS = D.special;
+    if (D.topk) {
+      const idx = await decode(D.topk.indices), wt = await decode(D.topk.weights);
+      TOPK = { indices: idx, weights: wt, k: idx.shape[3] };
+    }
     const entries = Object.entries(D.exact);
     await Promise.all(entries.map(async ([k, rec]) => {
       const out = { scale: rec.scale };

@@ -1,0 +1,522 @@
+"""This library's attention as a drop-in attention backend for any Hugging Face ``transformers`` model.
+
+>>> import selfattention.hf                                                   # doctest: +SKIP
+>>> name = selfattention.hf.register()                                        # doctest: +SKIP
+>>> model = AutoModel.from_pretrained(path, attn_implementation=name)         # doctest: +SKIP
+>>> model.set_attn_implementation("selfattention")                            # doctest: +SKIP
+
+:func:`register` registers two functions under the name ``"selfattention"``: :func:`attention_forward`
+with ``transformers.AttentionInterface`` and :func:`attention_mask` (transformers' own ``sdpa_mask``: bool
+masks, True = attend, this library's convention) with ``transformers.masking_utils.AttentionMaskInterface``.
+**Both are needed**: for a name that has no mask function transformers builds no mask at all, so padding
+would be attended to. :func:`attention_forward` refuses to run in that case (``RuntimeError``).
+
+Every architecture that routes its attention through ``AttentionInterface`` then runs on this library:
+transformers still computes the embeddings, the Q/K/V/output projections, rotary embeddings, the KV cache
+and the masks; every softmax(Q Kᵀ · scale + mask) V goes through
+:func:`selfattention.scaled_dot_product_attention` (backend :data:`BACKEND`), or through
+:func:`selfattention.functional.attention_steps` when the weights are asked for
+(``output_attentions=True``) or recorded (inside :func:`selfattention.capture`).
+
+What transformers passes, and what happens to it (everything else raises ``TypeError`` naming it):
+
+==================  =========================================================================================
+argument            meaning here
+==================  =========================================================================================
+attention_mask      bool (True = attend, from :func:`attention_mask`) or additive float (e.g. a custom 4-D
+                    mask), broadcastable to (B, H, Tq, Tk); ``None``: see "mask-less calls" below.
+scaling             the factor on Q Kᵀ (``None``: 1/√head_dim).
+dropout             attention-weight dropout, applied only when ``module.training``.
+is_causal           overrides ``module.is_causal``; only used when no mask is given (as transformers' sdpa).
+sliding_window      the mask transformers builds already hides keys outside the window; a mask-less causal
+                    call applies it here (query i sees keys i − W + 1 … i).
+softcap             scores → softcap · tanh(scores / softcap) before the mask (Gemma 2).
+position_bias       added to the scaled scores (T5 and other relative-position models); gets its gradient.
+s_aux, sinks        attention-sink logits, one per head (``s_aux``, shape (H,)) or per query (``sinks``,
+                    (B, H, Tq, 1)): an extra key every query sees with that logit and a zero value, so
+                    the weights of a row sum to less than 1 (gpt-oss).
+output_attentions   return the weights (also when transformers collects attentions otherwise).
+GQA                 fewer key/value heads than query heads: grouped-query attention, no copies.
+==================  =========================================================================================
+
+Ignored because they describe nothing the mask does not already say (they serve flash-attention
+kernels, packed batches, caches or outputs, or were consumed before the call): ``position_ids``,
+``cu_seq_lens_q``, ``cu_seq_lens_k``, ``max_length_q``, ``max_length_k``, ``seq_idx``,
+``cache_position``, ``use_cache``, ``output_hidden_states``, ``output_router_logits``,
+``num_items_in_batch``, ``layer_idx``, ``return_dict``, ``encoder_hidden_states`` and
+``encoder_attention_mask`` (the keys, values and mask were already made from them), ``deterministic``
+(a flash-attention switch for a deterministic backward; this library has no non-deterministic kernel
+of its own to switch). A ``None`` value of any argument counts as not given.
+
+**Mask-less calls**, exactly as transformers' ``sdpa`` path treats them: transformers passes no mask when
+``is_causal`` (or SDPA's top-left causal alignment) says everything. A causal call with Tq > 1 is causal
+aligned **top-left** (query i sees keys 0 … i): with a static cache the keys are padded to the cache
+length (Tq = 8, Tk = 27 at prefill) and only the first Tq are real, so they are cut to Tq, as
+transformers' sdpa does. With Tq = 1 every key is visible. This is the one place where the integration
+departs from this library's bottom-right rule, because the caller means top-left.
+
+Weights (``output_attentions=True``) come back in the query's dtype (the model's), (B, H, Tq, Tk);
+without them the fast path runs and ``None`` is returned, as transformers' sdpa does.
+
+Sources: transformers 5.x ``integrations/sdpa_attention.py`` (the mask-less rules), ``masking_utils.py``
+(the masks), Gemma 2 (soft-capping, Team Gemma 2024 §2), T5 (relative position bias, Raffel et al. 2020
+§2.1), gpt-oss (attention sinks, OpenAI 2025; Xiao et al. 2023).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+
+from . import _hooks
+from .functional import AttentionSteps, attention_steps, attention_weights, scaled_dot_product_attention
+
+__all__ = [
+    "BACKEND",
+    "NAME",
+    "AttentionCall",
+    "attention_forward",
+    "attention_mask",
+    "recording",
+    "register",
+    "using",
+    "wants_weights",
+]
+
+NAME = "selfattention"
+"""The name under which :func:`register` makes our attention known to transformers."""
+
+BACKEND = "torch"
+"""The backend of :func:`selfattention.scaled_dot_product_attention` that runs the fast path."""
+
+IGNORED = frozenset(
+    {
+        "position_ids",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+        "seq_idx",
+        "cache_position",
+        "use_cache",
+        "output_hidden_states",
+        "output_router_logits",
+        "num_items_in_batch",
+        "layer_idx",
+        "return_dict",
+        "encoder_hidden_states",
+        "encoder_attention_mask",
+        "deterministic",
+    }
+)
+"""Arguments transformers may pass that do not change attention once the mask is built (see above)."""
+
+_mask_names_ok: set[str] = set()  # attention implementations whose mask function we have seen registered
+_calls: ContextVar[list[AttentionCall] | None] = ContextVar("selfattention_hf_calls", default=None)
+
+
+@dataclass
+class AttentionCall:
+    """One attention call as :func:`attention_forward` handed it to the library (see :func:`recording`).
+
+    ``query`` (B, H, Tq, D), ``key``/``value`` (B, Hkv, Tk', D) and ``attn_mask`` / ``is_causal`` /
+    ``scale`` / ``enable_gqa`` are exactly the arguments of :func:`selfattention.scaled_dot_product_attention`
+    (after the mask-less rules, soft-capping written into the mask, a sink appended as a last key).
+    ``n_keys`` is the number of the model's own keys (Tk' − 1 with a sink).
+    """
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attn_mask: torch.Tensor | None
+    is_causal: bool
+    scale: float | None
+    enable_gqa: bool
+    n_keys: int
+
+    def weights(self, head: int | None = None) -> torch.Tensor:
+        """The attention weights of this call, (B, H, Tq, n_keys), or of one query ``head``
+        (B, Tq, n_keys), float32 at least. Materialises Tq × Tk per head, for that head only."""
+        q, k, mask = self.query, self.key, self.attn_mask
+        if head is not None:
+            group = q.shape[-3] // k.shape[-3]
+            q, k = q[:, head : head + 1], k[:, head // group : head // group + 1]
+            if mask is not None and mask.dim() >= 3 and mask.shape[-3] > 1:
+                mask = mask[..., head : head + 1, :, :]
+        w = attention_weights(
+            q, k, mask, self.is_causal, self.scale, enable_gqa=head is None and self.enable_gqa
+        )
+        w = w[..., : self.n_keys]
+        return w if head is None else w[:, 0]
+
+
+@contextmanager
+def recording() -> Iterator[list[AttentionCall]]:
+    """Collect an :class:`AttentionCall` for every call of :func:`attention_forward` inside the block,
+    without materialising anything (the fast path still runs). Used to compute statistics of long inputs
+    head by head, or layer by layer, afterwards."""
+    calls: list[AttentionCall] = []
+    token = _calls.set(calls)
+    try:
+        yield calls
+    finally:
+        _calls.reset(token)
+
+
+def _import_transformers() -> None:
+    # Nothing here needs the network; the flag also stops any hub lookup transformers might add. It is
+    # only set when the user has not chosen.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers  # noqa: F401
+
+
+def attention_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
+    """The mask function registered with our attention: transformers' ``sdpa_mask``, unchanged.
+
+    It returns a bool mask (B, 1, Tq, Tk), True = attend (padding, causal, sliding window, chunks …
+    combined), or ``None`` when the call can be described by ``is_causal`` alone (see the module doc).
+    """
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs)
+
+
+def register() -> str:
+    """Register :func:`attention_forward` and :func:`attention_mask` with transformers as ``"selfattention"``.
+
+    Idempotent. Returns the name, for ``from_pretrained(..., attn_implementation=name)`` or
+    ``model.set_attn_implementation(name)``. Imports transformers (the slow part, once).
+
+    Raises:
+        ImportError: transformers is not installed.
+    """
+    _import_transformers()
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, attention_mask)
+    _mask_names_ok.add(NAME)
+    return NAME
+
+
+def _check_mask_function(module: torch.nn.Module) -> None:
+    """A mask-less call is only trustworthy if the model's attention name has a mask function."""
+    config = getattr(module, "config", None)
+    impl = getattr(config, "_attn_implementation", None)
+    if impl is None or impl in _mask_names_ok:
+        return
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    if impl in ALL_MASK_ATTENTION_FUNCTIONS:
+        _mask_names_ok.add(impl)
+        return
+    raise RuntimeError(
+        f"The attention implementation {impl!r} has no mask function registered, so transformers passed "
+        "no mask and padding would be attended to. Register both functions with "
+        "selfattention.hf.register() (name 'selfattention'), or also call "
+        f"AttentionMaskInterface.register({impl!r}, selfattention.hf.attention_mask)."
+    )
+
+
+def wants_weights(kwargs: dict[str, Any]) -> bool:
+    """Whether this call must return the attention weights: ``output_attentions=True`` was passed, or
+    transformers is collecting attentions (``output_attentions`` set in the config), or a
+    :func:`selfattention.capture` block is recording."""
+    if kwargs.get("output_attentions") or _hooks.capturing():
+        return True
+    try:
+        from transformers.utils.output_capturing import _active_collector
+    except ImportError:  # pragma: no cover - older transformers: only the keyword tells
+        return False
+    collected = _active_collector.get()
+    return bool(collected) and any(k.endswith("attentions") for k in collected)
+
+
+def _refuse_unknown(module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+    for name, value in kwargs.items():
+        if value is None or name in IGNORED or name == "output_attentions":
+            continue
+        raise TypeError(
+            f"selfattention.hf.attention_forward does not implement the argument {name!r} (passed by "
+            f"{type(module).__name__}) and refuses to drop it silently. Run this model with "
+            "attn_implementation='eager', or open an issue."
+        )
+
+
+def _top_left(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
+    """Bool (Tq, Tk), True = attend: query i sees keys max(0, i − W + 1) … i (top-left aligned)."""
+    q = torch.arange(q_len, device=device)[:, None]
+    k = torch.arange(k_len, device=device)[None, :]
+    keep = k <= q
+    if window is not None:
+        keep = keep & (k > q - window)
+    return keep
+
+
+def _check_number(name: str, value: Any) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    position_bias: torch.Tensor | None = None,
+    softcap: float | None = None,
+    sliding_window: int | None = None,
+    s_aux: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The attention function transformers calls (``AttentionInterface`` signature, as its ``sdpa``).
+
+    Args:
+        module: the calling attention layer: ``training`` gates dropout, ``is_causal`` is read for
+            mask-less calls, ``config._attn_implementation`` is checked for a mask function.
+        query: (B, H, Tq, D). key: (B, Hkv, Tk, D). value: (B, Hkv, Tk, Dv). H a multiple of Hkv.
+        attention_mask: bool (True = attend) or additive float, broadcastable to (B, H, Tq, Tk), or
+            ``None`` (mask-less call: see the module doc for the exact rules).
+        dropout: probability of dropping a weight, only when ``module.training``.
+        scaling: factor on Q Kᵀ; ``None`` = 1/√D.
+        is_causal, sliding_window, position_bias, softcap, s_aux, sinks: see the module doc.
+        **kwargs: ``output_attentions`` and the ignored names of the module doc; anything else raises.
+
+    Returns:
+        ``(context, weights)``: context vectors (B, Tq, H, Dv) in the query's dtype, the layout
+        transformers reshapes to (B, Tq, H·Dv); weights (B, H, Tq, Tk) in the query's dtype when they
+        were asked for (:func:`wants_weights`), else ``None``.
+
+    Raises:
+        TypeError: an argument this function does not implement (named), or a mask that is not a tensor.
+        ValueError: bad shapes, dtypes or values (named; from the library's checks), a non-positive
+            softcap or sliding_window, a non-causal mask-less call whose sliding window would hide keys.
+        RuntimeError: a mask-less call for an attention name without a registered mask function.
+    """
+    _refuse_unknown(module, kwargs)
+    want = wants_weights(kwargs)
+    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(
+            f"attention_mask must be a torch.Tensor or None, got {type(attention_mask).__name__} (a "
+            "flex-attention BlockMask comes from the 'flex_attention' mask function: register "
+            "selfattention.hf.attention_mask with this attention instead)"
+        )
+    if softcap is not None:
+        softcap = _check_number("softcap", softcap)
+    if sliding_window is not None:
+        sliding_window = int(_check_number("sliding_window", sliding_window))
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    full_k_len = k_len  # weights are returned over every key passed in, even the ones cut below
+    mask = attention_mask
+    causal = False
+    if mask is None:
+        _check_mask_function(module)
+        flag = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        causal = bool(flag) and q_len > 1
+        if causal and k_len > q_len:
+            # static cache: keys padded to the cache length; top-left causal sees only the first Tq
+            key, value = key[..., :q_len, :], value[..., :q_len, :]
+            if position_bias is not None:
+                position_bias = position_bias[..., :q_len]
+            k_len = q_len
+        if causal and (k_len < q_len or (sliding_window is not None and q_len > sliding_window)):
+            mask, causal = _top_left(q_len, k_len, sliding_window, query.device), False
+        elif not causal and sliding_window is not None and max(q_len, k_len) - 1 > sliding_window:
+            raise ValueError(
+                f"a mask-less non-causal call with sliding_window={sliding_window} and {q_len} queries × "
+                f"{k_len} keys: the window would hide keys, but without a mask its alignment is not "
+                "defined; pass the mask (selfattention.hf.attention_mask builds it)"
+            )
+
+    scale = scaling
+    bias = None
+    if softcap is not None:
+        # Gemma 2: scores = softcap · tanh(Q Kᵀ · scale / softcap); they enter the softmax as an additive
+        # bias with the library's own scale set to 0 (so its Q Kᵀ term vanishes)
+        bias = _softcapped_scores(query, key, scaling, softcap)
+        scale = 0.0
+    if position_bias is not None:
+        bias = position_bias if bias is None else bias + position_bias
+    sink = _sink_logits(s_aux, sinks, query)
+    if bias is not None or sink is not None:
+        mask, causal = _additive(mask, bias, causal, q_len, k_len, query.device), False
+    if sink is not None:
+        mask, key, value = _with_sink(mask, sink, key, value, q_len, k_len)
+
+    enable_gqa = key.shape[-3] != query.shape[-3]
+    training = bool(getattr(module, "training", False))
+    calls = _calls.get()
+    if calls is not None:
+        calls.append(AttentionCall(query, key, value, mask, causal, scale, enable_gqa, k_len))
+    weights = None
+    if want:
+        with _hooks.muted():
+            steps = attention_steps(
+                query,
+                key,
+                value,
+                attn_mask=mask,
+                dropout_p=dropout,
+                is_causal=causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+                training=training,
+            )
+        _hooks.record(_honest_steps(steps, softcap, scaling, sink is not None, k_len))
+        context = steps.context
+        weights = steps.weights[..., :k_len].to(query.dtype)
+        if full_k_len > k_len:  # keys of empty static-cache slots: weight 0
+            weights = torch.nn.functional.pad(weights, (0, full_k_len - k_len))
+    else:
+        context = scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=mask,
+            dropout_p=dropout,
+            is_causal=causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+            training=training,
+            backend=BACKEND,
+        )
+    # (B, H, Tq, Dv) -> (B, Tq, H, Dv): the layout transformers reshapes to (B, Tq, H·Dv)
+    return context.transpose(1, 2).contiguous(), weights
+
+
+def _softcapped_scores(
+    query: torch.Tensor, key: torch.Tensor, scaling: float | None, softcap: float
+) -> torch.Tensor:
+    """softcap · tanh(Q Kᵀ · scale / softcap), (B, H, Tq, Tk), float32 at least; GQA key heads repeated."""
+    acc = torch.promote_types(query.dtype, torch.float32)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else float(scaling)
+    if key.shape[-3] != query.shape[-3]:
+        key = key.repeat_interleave(
+            query.shape[-3] // key.shape[-3], dim=-3
+        )  # (B, Hkv, Tk, D) -> (B, H, Tk, D)
+    scores = query.to(acc) @ key.to(acc).transpose(-2, -1) * scale
+    return torch.tanh(scores / softcap) * softcap
+
+
+def _sink_logits(
+    s_aux: torch.Tensor | None, sinks: torch.Tensor | None, query: torch.Tensor
+) -> torch.Tensor | None:
+    """The sink logits as (1 or B, H, 1 or Tq, 1), or None."""
+    if s_aux is not None and sinks is not None:
+        raise ValueError("give the attention sinks once: s_aux (per head) or sinks (per query), not both")
+    if s_aux is not None:
+        if not isinstance(s_aux, torch.Tensor) or s_aux.numel() != query.shape[-3]:
+            got = tuple(s_aux.shape) if isinstance(s_aux, torch.Tensor) else s_aux
+            raise ValueError(f"s_aux must hold one sink logit per query head ({query.shape[-3]}), got {got}")
+        return s_aux.reshape(1, -1, 1, 1)
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or sinks.dim() != 4 or sinks.shape[-1] != 1:
+            got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else sinks
+            raise ValueError(f"sinks must be a tensor of shape (B, H, Tq, 1), got {got}")
+        return sinks
+    return None
+
+
+def _additive(
+    mask: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    causal: bool,
+    q_len: int,
+    k_len: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """One float mask: ``bias`` (or 0) where ``mask`` lets a query attend, -inf where it hides the key.
+    ``causal`` (Tq == Tk here) is written into it too, so the mask alone says everything."""
+    if bias is None:
+        dtype = mask.dtype if mask is not None and mask.is_floating_point() else torch.float32
+        bias = torch.zeros((), dtype=dtype, device=device)
+    if mask is not None and mask.dtype == torch.bool:
+        out = torch.where(mask, bias, torch.full((), -math.inf, dtype=bias.dtype, device=device))
+    elif mask is not None:
+        out = bias + mask
+    else:
+        out = bias
+    if causal:
+        tri = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
+        out = torch.where(tri, out, torch.full((), -math.inf, dtype=out.dtype, device=device))
+    return out if out.dim() >= 2 else out.expand(q_len, k_len)
+
+
+def _with_sink(
+    mask: torch.Tensor,
+    sink: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    q_len: int,
+    k_len: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sink is one more key that every query sees, with score ``sink`` and a zero value: append a zero
+    key/value and a mask column holding the sink logits."""
+    lead = torch.broadcast_shapes(mask.shape[:-2], sink.shape[:-2])
+    dtype = torch.promote_types(mask.dtype, sink.dtype)
+    body = mask.to(dtype).expand(*lead, q_len, k_len)
+    column = sink.to(dtype).expand(*lead, q_len, 1)
+    zeros_k = key.new_zeros((*key.shape[:-2], 1, key.shape[-1]))
+    zeros_v = value.new_zeros((*value.shape[:-2], 1, value.shape[-1]))
+    return (
+        torch.cat([body, column], dim=-1),  # (..., Tq, Tk + 1)
+        torch.cat([key, zeros_k], dim=-2),  # (B, Hkv, Tk + 1, D)
+        torch.cat([value, zeros_v], dim=-2),
+    )
+
+
+def _honest_steps(
+    steps: AttentionSteps, softcap: float | None, scaling: float | None, has_sink: bool, k_len: int
+) -> AttentionSteps:
+    """The steps as a trace should show them: the sink column dropped (its weight is what the row lacks
+    from 1), and with softcap the capped scores as ``scaled_scores`` and the model's scale."""
+    if softcap is not None:
+        capped = steps.masked_scores  # bias (capped scores) plus the mask, before -inf
+        steps = replace(
+            steps,
+            scaled_scores=torch.tanh(steps.scores * _scale_of(scaling, steps) / softcap) * softcap,
+            masked_scores=capped,
+            scale=_scale_of(scaling, steps),
+        )
+    if has_sink:
+        cut = {
+            name: getattr(steps, name)[..., :k_len]
+            for name in ("scores", "scaled_scores", "masked_scores", "visible", "weights")
+        }
+        steps = replace(steps, key=steps.key[..., :k_len, :], value=steps.value[..., :k_len, :], **cut)
+    return steps
+
+
+def _scale_of(scaling: float | None, steps: AttentionSteps) -> float:
+    return 1.0 / math.sqrt(steps.query.shape[-1]) if scaling is None else float(scaling)
+
+
+@contextmanager
+def using(model: Any, name: str = NAME) -> Iterator[Any]:
+    """Temporarily switch ``model`` to the attention implementation ``name`` (default: ours), e.g. to
+    compare with ``"eager"`` on the very same weights; the previous implementation is restored after."""
+    before = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation(before)
