@@ -94,12 +94,20 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument(
+        "--backend",
+        default=None,
+        choices=["torch", "tiled", "reference"],
+        help="run selfattention.hf on this backend instead of its default (selfattention.hf.BACKEND)",
+    )
     args = parser.parse_args(argv)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import selfattention.hf as sahf
 
     sahf.register()
+    if args.backend is not None:
+        sahf.BACKEND = args.backend
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
     rows = []

@@ -216,7 +216,12 @@ def torch_sdpa(
             query, key, value, vis, dropout_p, False, scale, enable_gqa=enable_gqa, training=training
         ).context
     mask_in = vis.attn_mask
-    visible = F._visible(vis, (*batch, q_len, k_len), query.device)
+    # Causal with query 0 at key 0 (Tq = Tk bottom-right, or an explicit top-left offset) and nothing else:
+    # torch SDPA's own is_causal means exactly that, and its fused kernel skips the hidden blocks.
+    plain_causal = (
+        vis.is_causal and vis.offset == 0 and vis.window is None and vis.q_doc is None and mask_in is None
+    )
+    visible = None if plain_causal else F._visible(vis, (*batch, q_len, k_len), query.device)
     compute = vendor.compute_dtype(query.device, query.dtype)
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
@@ -227,7 +232,7 @@ def torch_sdpa(
         mask_arg = m
         if mask_arg is not None and mask_arg.is_floating_point():
             mask_arg = mask_arg.to(compute)  # -inf stays -inf, finite biases round
-        if vis.structural or vis.q_doc is not None:  # our structure as an explicit mask (bottom-right)
+        if (vis.structural and not plain_causal) or vis.q_doc is not None:  # our structure as a mask
             mask_arg = (
                 visible
                 if mask_arg is None or mask_arg.dtype == torch.bool
@@ -247,7 +252,7 @@ def torch_sdpa(
             else:
                 mask_arg = torch.where(seen_any, mask_arg, torch.zeros((), dtype=mask_arg.dtype))
         out = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask_arg, dropout_p=dropout_p, scale=scale
+            q, k, v, attn_mask=mask_arg, dropout_p=dropout_p, is_causal=plain_causal, scale=scale
         )
         if seen_any is not None:
             out = torch.where(seen_any, out, torch.zeros((), dtype=out.dtype, device=out.device))
