@@ -198,6 +198,19 @@ def test_the_vendor_kernel_passed_its_self_check_here():
     assert vendor.compute_dtype(torch.device("cpu"), torch.bfloat16) == torch.float32
 
 
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_a_first_call_without_autograd_still_gets_the_vendor_kernel(mode, monkeypatch):
+    # The self-check differentiates its oracle; a first call under no_grad once failed it for good, and
+    # every later call (model inference, decoding) ran on the slow exact kernel.
+    monkeypatch.setattr(vendor, "_CHECKED", {})
+    q, k, v = (torch.randn(1, 2, 70, 16) for _ in range(3))
+    with getattr(torch, mode)():
+        assert describe(q, k, v, is_causal=True).kernel == "vendor"
+        out = tiled_attention(q, k, v, is_causal=True)
+    assert vendor._CHECKED == {("cpu", torch.float32): None}
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
 # ------------------------------------------------------------------------------- the predicate
 
 

@@ -62,7 +62,10 @@ def _probe(device: torch.device, dtype: torch.dtype) -> str | None:
     else:
         return f"no fused attention kernel is wired for device type {device.type!r}"
     try:
-        err = _self_check(device, compute_dtype(device, dtype))
+        # the check differentiates its float64 oracle: it must run with autograd on even when the first
+        # call comes under no_grad / inference_mode (else the kernel would be judged broken for good)
+        with torch.inference_mode(False), torch.enable_grad():
+            err = _self_check(device, compute_dtype(device, dtype))
     except Exception as e:  # a missing feature of this build: a reason, not a crash
         return f"the fused kernel failed its self-check on {device.type}/{dtype}: {type(e).__name__}: {e}"
     if err is not None:
