@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from ._validation import (
+    broadcast_shapes,
     check_bool,
     check_dropout,
     check_mask,
@@ -135,7 +136,7 @@ def _canonical(
         q, k, v = q[None], k[None], v[None]
     hk = k.shape[-3]
     heads = batch[-1] if not unbatched else 1
-    lead = tuple(torch.broadcast_shapes(q.shape[:-3], k.shape[:-3]))
+    lead = broadcast_shapes(q.shape[:-3], k.shape[:-3])
     if hk != heads and (hk == 1 or heads % hk == 0):
         hkv = hk  # grouped-query heads (H a multiple of Hkv, or one shared key/value head): never repeated
     else:
@@ -158,7 +159,7 @@ def _canonical(
         if ids.device != query.device:
             raise ValueError(f"document_ids are on {ids.device} but query is on {query.device}")
         try:
-            ok = tuple(torch.broadcast_shapes(ids.shape[:-1], lead)) == lead
+            ok = broadcast_shapes(ids.shape[:-1], lead) == lead
         except RuntimeError:
             ok = False
         if not ok:
