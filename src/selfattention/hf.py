@@ -94,7 +94,7 @@ __all__ = [
 NAME = "selfattention"
 """The name under which :func:`register` makes our attention known to transformers."""
 
-BACKEND = "torch"
+BACKEND = "tiled"
 """The backend of :func:`selfattention.scaled_dot_product_attention` that runs the fast path."""
 
 IGNORED = frozenset(
