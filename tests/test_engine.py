@@ -421,3 +421,24 @@ def test_the_spec_is_a_leaf_and_dispatch_has_one_registry():
     from selfattention import backends
 
     assert backends.available_backends() == ["reference", "tiled", "torch"]
+
+
+@pytest.mark.parametrize("where", ["hidden key", "visible key", "hidden value", "visible value", "query"])
+def test_without_autograd_a_non_finite_input_still_gets_the_spec_result(where):
+    # Without autograd the keys/values are not scanned before the fused kernel (an O(Tk) pass per decode
+    # step); a non-finite output sends the call to the exact kernel. Same result as the spec either way.
+    q, k, v = _qkv(1, 2, 2, 70, 70, 16, 16, dtype=torch.float32, seed=5)
+    t = {"key": k, "value": v, "query": q}[where.split()[-1]]
+    t[0, 1, 65] = float("nan")
+    keep = torch.ones(70, dtype=torch.bool)
+    if where.startswith("hidden"):
+        keep[65] = False  # a padded key: no query sees it
+    with torch.no_grad():
+        out = tiled_attention(q, k, v, attn_mask=keep, is_causal=True, block_q=16, block_k=32)
+    want = sa.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=keep, is_causal=True
+    )
+    assert torch.equal(torch.isnan(out), torch.isnan(want))
+    fin = ~torch.isnan(want)
+    torch.testing.assert_close(out[fin].double(), want[fin], atol=2e-5, rtol=2e-5)
+    assert torch.isnan(out).any() != where.startswith("hidden")

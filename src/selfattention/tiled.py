@@ -294,7 +294,7 @@ def tiled_attention(
         return out.reshape(tq, dv) if c.unbatched else out
     prob = engine.make_problem(
         c.q, c.k, c.v, c.vis, c.scale, dropout_p=dropout_p, dropout_seed=dropout_seed,
-        mask_grad=c.mask is not None, kernel=kernel, block_q=bq, block_k=bk,
+        mask_grad=c.mask is not None, kernel=kernel, block_q=bq, block_k=bk, defer_kv=_no_autograd(c),
     )  # fmt: skip
     out, _ = engine.attention(c.q, c.k, c.v, prob, c.mask)
     return _shape_out(c, out, (tq, dv))
@@ -386,6 +386,11 @@ class PlanInfo:
     computed_fraction: float
 
 
+def _no_autograd(c: _Canon) -> bool:
+    """No gradient will be asked of this call (inference, decode steps)."""
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in (c.q, c.k, c.v)))
+
+
 def describe(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -413,6 +418,7 @@ def describe(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
     )
     bq, bk = _blocks(block_q, block_k)
+    # keys/values are scanned here even where the call defers that scan to its output (same verdict)
     name, reason = engine.choose_kernel(
         c.q, c.k, c.v, c.vis, dropout_p=dropout_p, mask_grad=c.mask is not None, kernel=kernel
     )

@@ -18,7 +18,7 @@ step). Double backward (``create_graph=True``) recomputes through the spec: exac
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -47,10 +47,16 @@ class Problem:
     mask_grad: bool = False
     exact_block_q: int = 256
     exact_block_k: int = 1024
+    verify: bool = (
+        False  # keys/values were not scanned: a non-finite output sends the call to the exact kernel
+    )
 
 
 def _finite(t: torch.Tensor | None) -> bool:
     return t is None or t.numel() == 0 or bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
+NON_FINITE = "inputs hold NaN/inf (a fused kernel lets a hidden NaN leak through 0 · NaN)"
 
 
 def choose_kernel(
@@ -62,17 +68,24 @@ def choose_kernel(
     dropout_p: float = 0.0,
     mask_grad: bool = False,
     kernel: str | None = None,
+    defer_kv: bool = False,
 ) -> tuple[str, str]:
     """(kernel name, why). ``kernel=None`` picks the vendor kernel whenever it can serve the problem;
-    ``"vendor"`` raises ``ValueError`` with the reason when it cannot; ``"exact"`` is always possible."""
+    ``"vendor"`` raises ``ValueError`` with the reason when it cannot; ``"exact"`` is always possible.
+
+    ``defer_kv`` (only with ``kernel=None``, for calls without autograd): keys and values are not scanned
+    for NaN/inf here — an O(Tk) pass per decode step — because a fused result that touched one is never
+    finite (NaN · 0 = NaN, +inf scores give NaN); :func:`attention` checks the output and recomputes
+    on the exact kernel if it is not finite. The query is always scanned: the fused kernel turns a NaN
+    query row into zeros."""
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS} or None, got {kernel!r}")
     if kernel == "exact":
         return "exact", "asked for"
     why = None
     mask = vis.attn_mask
-    if not (_finite(query) and _finite(key) and _finite(value)):
-        why = "inputs hold NaN/inf (a fused kernel lets a hidden NaN leak through 0 · NaN)"
+    if not (_finite(query) and (defer_kv and kernel is None or (_finite(key) and _finite(value)))):
+        why = NON_FINITE
     elif mask is not None and mask.is_floating_point() and bool((mask == math.inf).any()):
         why = "the float mask holds +inf"
     elif dropout_p > 0.0:
@@ -103,10 +116,13 @@ def make_problem(
     kernel: str | None = None,
     block_q: int = 128,
     block_k: int = 512,
+    defer_kv: bool = False,
 ) -> Problem:
-    """Choose the kernel and plan the calls (canonical 4-D inputs, see the module docstring)."""
+    """Choose the kernel and plan the calls (canonical 4-D inputs, see the module docstring).
+    ``defer_kv``: see :func:`choose_kernel` (never with dropout or a mask gradient)."""
+    defer_kv = defer_kv and kernel is None and dropout_p == 0.0 and not mask_grad
     name, reason = choose_kernel(
-        query, key, value, vis, dropout_p=dropout_p, mask_grad=mask_grad, kernel=kernel
+        query, key, value, vis, dropout_p=dropout_p, mask_grad=mask_grad, kernel=kernel, defer_kv=defer_kv
     )
     compute = torch.promote_types(query.dtype, torch.float32)
     if name == "vendor":
@@ -127,6 +143,7 @@ def make_problem(
         mask_grad=mask_grad,
         exact_block_q=max(block_q, 64),
         exact_block_k=max(block_k, 256),
+        verify=defer_kv and name == "vendor",
     )
 
 
@@ -314,13 +331,26 @@ def _stack_rows(call: Call, *ts: torch.Tensor) -> list[torch.Tensor]:
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _dense_rows(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when each row (last dim) is dense and nothing is broadcast (a (B, T, H, D) view seen as
+    (B, H, T, D), a slice of a KV cache), else a contiguous copy: the fused kernels take such strides as
+    they are, and copying a cache's keys on every decode step costs more than the attention."""
+    dense = t.stride(-1) == 1 and all(st > 0 for st, n in zip(t.stride(), t.shape, strict=True) if n > 1)
+    return t if dense else t.contiguous()
+
+
 class _Attention(torch.autograd.Function):
     """Forward and backward through the engine; saves q, k, v, the output and the log-sum-exp only."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, prob):  # type: ignore[override]
         c = prob.compute
-        out, lse = forward(q.to(c).contiguous(), k.to(c).contiguous(), v.to(c).contiguous(), prob)
+        out, lse = forward(_dense_rows(q.to(c)), _dense_rows(k.to(c)), _dense_rows(v.to(c)), prob)
+        if prob.verify and not _finite(out):
+            # keys/values held NaN/inf (see choose_kernel): recompute on the exact kernel
+            c = torch.promote_types(q.dtype, torch.float32)
+            prob = replace(prob, kernel="exact", reason=NON_FINITE, compute=c, verify=False)
+            out, lse = forward(q.to(c).contiguous(), k.to(c).contiguous(), v.to(c).contiguous(), prob)
         ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.prob = prob
         ctx.mark_non_differentiable(lse)
