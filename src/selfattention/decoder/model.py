@@ -77,7 +77,7 @@ class DecoderConfig:
     num_layers: int = 4
     mlp_ratio: int = 4
     window: int | None = None
-    backend: str | None = "torch"
+    backend: str | None = "tiled"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context", "d_model", "num_heads", "num_layers", "mlp_ratio"):
