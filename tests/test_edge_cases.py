@@ -211,6 +211,11 @@ def c_empty_batch(g):
     return dict(query=q, key=k, value=v), torch.zeros(0, 2, 3, 4, dtype=torch.float64), None
 
 
+def c_zero_heads(g):  # H = 0 once crashed the fused CPU kernel (SIGFPE, found by the fuzzer)
+    q, k, v = _randn(g, 1, 0, 4, 2), _randn(g, 1, 0, 3, 2), _randn(g, 1, 0, 3, 2)
+    return dict(query=q, key=k, value=v, is_causal=True), torch.zeros(1, 0, 4, 2, dtype=torch.float64), None
+
+
 def _dirty(q, k, v, mask, is_causal=False, bad_keys=(), bad_values=()):
     """Expected from clean inputs, then NaN/inf written into keys/values the mask hides."""
     kw, expected, _ = _plain(q, k, v, attn_mask=mask, is_causal=is_causal)
@@ -374,6 +379,7 @@ CASES = [
     Case("empty_keys_Tk=0", c_empty_keys),
     Case("empty_both_causal", c_empty_both_causal),
     Case("empty_batch_B=0", c_empty_batch),
+    Case("zero_heads_H=0", c_zero_heads),
     Case("nan_inf_in_key_hidden_from_all", c_nan_in_key_hidden_from_all),
     Case("nan_inf_in_key_hidden_from_some", lambda g: _hidden_from_some(g)),
     Case("inf_in_hidden_key_value_some_rows", c_inf_in_hidden_key_and_value_some_rows),

@@ -435,9 +435,7 @@ def test_without_autograd_a_non_finite_input_still_gets_the_spec_result(where):
         keep[65] = False  # a padded key: no query sees it
     with torch.no_grad():
         out = tiled_attention(q, k, v, attn_mask=keep, is_causal=True, block_q=16, block_k=32)
-    want = sa.scaled_dot_product_attention(
-        q.double(), k.double(), v.double(), attn_mask=keep, is_causal=True
-    )
+    want = sa.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=keep, is_causal=True)
     assert torch.equal(torch.isnan(out), torch.isnan(want))
     fin = ~torch.isnan(want)
     torch.testing.assert_close(out[fin].double(), want[fin], atol=2e-5, rtol=2e-5)

@@ -289,7 +289,7 @@ def tiled_attention(
     )
     bq, bk = _blocks(block_q, block_k)
     tq, dv = c.vis.q_len, c.v.shape[-1]
-    if tq == 0 or c.vis.k_len == 0 or c.q.shape[0] == 0:
+    if tq == 0 or c.vis.k_len == 0 or c.q.shape[0] == 0 or c.q.shape[1] == 0:
         out = _empty_context(query, key, value, (*c.batch, tq, dv))
         return out.reshape(tq, dv) if c.unbatched else out
     prob = engine.make_problem(
@@ -340,7 +340,7 @@ def tiled_attention_with_stats(
     b, h, tq, _ = c.q.shape
     tk, dv = c.vis.k_len, c.v.shape[-1]
     acc = torch.promote_types(query.dtype, torch.float32)
-    if tq == 0 or tk == 0 or b == 0:
+    if tq == 0 or tk == 0 or b == 0 or h == 0:
         lse = torch.full((b, h, tq), -math.inf, dtype=acc, device=query.device)
         ent = torch.zeros((b, h, tq), dtype=acc, device=query.device)
         tw = torch.zeros((b, h, tq, top_k), dtype=acc, device=query.device)

@@ -127,6 +127,11 @@ def forward(
     bias hides gets out = 0 and an lse that means nothing (the engine sets it to −inf).
     """
     d, dv = q.shape[-1], v.shape[-1]
+    if q.numel() == 0 or k.numel() == 0:  # no heads, rows or keys: the fused op divides by zero (SIGFPE)
+        heads = q.shape[:-1]
+        return q.new_zeros((*heads, dv)), q.new_full(
+            heads, -math.inf, dtype=torch.promote_types(q.dtype, torch.float32)
+        )
     width = max(d, dv)
     q, k, v = _pad_last(q, width), _pad_last(k, width), _pad_last(v, width)
     if bias is not None and bias.dtype != q.dtype:
@@ -155,6 +160,8 @@ def backward(
     totals over every call: then the call's share of the gradient is exact, FlashAttention-2 Algorithm 2).
     Rows with lse = −inf (no visible key anywhere) must come with dout = 0."""
     d, dv = q.shape[-1], v.shape[-1]
+    if q.numel() == 0 or k.numel() == 0:  # see forward
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     width = max(d, dv)
     q, k, v = _pad_last(q, width), _pad_last(k, width), _pad_last(v, width)
     dout, out = _pad_last(dout.to(q.dtype), width), _pad_last(out.to(q.dtype), width)

@@ -1,95 +1,16 @@
-"""Fuzz the public functions for a set time: only the documented errors, never NaN where math is finite.
-
-Run it with ``selfattention fuzz --seconds 600`` or ``python -m selfattention.fuzz --seconds 600``.
-
-Hypothesis draws inputs, good and bad, and feeds them to every public entry point:
-
-* ``scaled_dot_product_attention`` on every registered backend, ``attention_weights``,
-  ``simple_attention``, ``tiled_attention`` (with random block sizes), the modules (``SelfAttention``,
-  ``MultiHeadAttention``) and the mask builders;
-* inputs: dtypes float16/bfloat16/float32/float64 and now and then int64, bool or complex; ranks 1 to 5;
-  every length from 0; mismatched head counts, head_dims and lengths; bool, float, 0/1-float, integer and
-  wrongly shaped masks; NaN and ±inf sprinkled into queries, keys, values and masks (hidden or visible);
-  values up to 1e4; scales None, 0.0, negative, NaN, strings; the meta device for one argument.
-
-An input passes when the call either raises ``ValueError`` or ``TypeError`` with a one-line message, or
-returns a result that (1) has the right shape and dtype, (2) is finite wherever the float64 spec is finite
-and non-finite wherever it is not (NaN in → NaN out), (3) is close to the spec where the scores are of
-moderate size, and (4) left every argument unchanged. Anything else (another exception type, a NaN, a
-wrong number, a modified input) is a failure; hypothesis shrinks it to a small example, which is printed.
-
-The result: :class:`FuzzReport` (inputs tried, errors seen by type and message, failures).
-"""
+"""Drawing inputs (hypothesis) for every public entry point, calling them, and checking each result against
+the float64 spec."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import re
-import sys
-import time
 import warnings
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["FuzzReport", "FuzzFailure", "run", "main"]
-
-ALLOWED = (ValueError, TypeError)
-_FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-_BAD_DTYPES = [torch.int64, torch.bool, torch.complex64]
-
-
-class FuzzFailure(AssertionError):
-    """An input the library handled wrongly (raised inside a hypothesis example so that it shrinks)."""
-
-
-@dataclass
-class FuzzReport:
-    """What one fuzz run did.
-
-    Attributes:
-        seconds: wall time spent.
-        inputs: inputs tried (every call counts, including those that raised documented errors).
-        by_target: inputs per public function.
-        errors: documented exceptions seen, keyed by ``"Type: message pattern"`` (numbers replaced by #).
-        failures: descriptions of inputs handled wrongly, each with the shrunk example (each bug once).
-        repeats: how many more times each failure was met again (not shrunk again).
-    """
-
-    seconds: float = 0.0
-    inputs: int = 0
-    by_target: Counter = field(default_factory=Counter)
-    errors: Counter = field(default_factory=Counter)
-    failures: list[str] = field(default_factory=list)
-    repeats: Counter = field(default_factory=Counter)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "seconds": round(self.seconds, 1),
-            "inputs": self.inputs,
-            "by_target": dict(self.by_target.most_common()),
-            "errors": dict(self.errors.most_common()),
-            "failures": self.failures,
-            "failure_repeats": dict(self.repeats),
-            "ok": self.ok,
-        }
-
-
-def _pattern(e: BaseException) -> str:
-    msg = str(e).split("\n")[0]
-    msg = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "#", msg)
-    msg = re.sub(r"torch\.\w+", "<dtype>", msg)
-    return f"{type(e).__name__}: {msg[:90]}"
-
+from .report import _BAD_DTYPES, _FLOATS, ALLOWED, FuzzFailure, FuzzReport, _pattern
 
 # ------------------------------------------------------------------------------------------- drawing
 
@@ -252,7 +173,7 @@ _TOL = {torch.float64: 1e-9, torch.float32: 2e-4, torch.float16: 2e-2, torch.bfl
 
 
 def _check_against_spec(target: str, out: torch.Tensor, args: dict[str, Any]) -> None:
-    from .functional import attention_steps
+    from ..functional import attention_steps
 
     q = args["query"]
     kw = {n: args[n] for n in ("attn_mask", "is_causal", "scale", "enable_gqa") if n in args}
@@ -288,7 +209,7 @@ def _check_against_spec(target: str, out: torch.Tensor, args: dict[str, Any]) ->
 
 
 def _attention_example(data, report: FuzzReport, backends: list[str]) -> None:
-    from . import functional as F
+    from .. import functional as F
 
     g = torch.Generator().manual_seed(data.draw(_st().integers(0, 2**31 - 1), label="seed"))
     args = _draw_attention_args(data, g)
@@ -308,7 +229,7 @@ def _attention_example(data, report: FuzzReport, backends: list[str]) -> None:
         return
     if target == "tiled_blocks":
         try:
-            from .tiled import tiled_attention
+            from ..tiled import tiled_attention
         except ImportError:
             return
         bq = data.draw(_st().sampled_from([1, 2, 3, 5, 64, 0, -1]), label="block_q")
@@ -327,7 +248,7 @@ def _attention_example(data, report: FuzzReport, backends: list[str]) -> None:
             _unchanged(args, before)
             _check_against_spec("tiled_attention", out, args)
         return
-    from .backends import get_backend
+    from ..backends import get_backend
 
     fn = get_backend(target)
     ok, out = _call(report, f"sdpa[{target}]", lambda: fn(**args))
@@ -369,9 +290,9 @@ def _attention_example(data, report: FuzzReport, backends: list[str]) -> None:
 
 
 def _module_example(data, report: FuzzReport, backends: list[str]) -> None:
-    from . import masks
-    from .functional import simple_attention
-    from .modules import SelfAttention
+    from .. import masks
+    from ..functional import simple_attention
+    from ..modules import SelfAttention
 
     st = _st()
     g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
@@ -440,7 +361,7 @@ def _module_example(data, report: FuzzReport, backends: list[str]) -> None:
             )
         return
     try:
-        from .mha import MultiHeadAttention
+        from ..mha import MultiHeadAttention
     except ImportError:
         return
     heads = data.draw(ints, label="heads")
@@ -460,143 +381,3 @@ def _module_example(data, report: FuzzReport, backends: list[str]) -> None:
         fin_in = bool(torch.isfinite(x).all())
         if fin_in and not bool(torch.isfinite(y).all()):
             raise FuzzFailure("MultiHeadAttention.forward: NaN/inf output for finite input")
-
-
-# ------------------------------------------------------------------------------------------- driving
-
-
-def run(
-    seconds: float = 60.0,
-    *,
-    seed: int | None = None,
-    batch: int = 40,
-    progress: Callable[[FuzzReport], None] | None = None,
-) -> FuzzReport:
-    """Fuzz for about ``seconds`` (at least one batch of ``batch`` examples); return a :class:`FuzzReport`.
-
-    ``seed`` makes the run reproducible (hypothesis ``derandomize`` per batch). Raises ``ValueError`` for
-    ``seconds <= 0``; needs hypothesis (``pip install hypothesis``, part of the ``dev`` extra).
-
-    >>> report = run(seconds=0.1, seed=0, batch=3)
-    >>> report.inputs > 0, report.seconds > 0
-    (True, True)
-    """
-    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
-        raise ValueError(f"seconds must be a positive number, got {seconds!r}")
-    try:
-        from hypothesis import HealthCheck, given, settings
-        from hypothesis import seed as hypothesis_seed
-        from hypothesis import strategies as st
-        from hypothesis.errors import HypothesisException
-    except ImportError as e:  # pragma: no cover
-        raise TypeError("the fuzzer needs hypothesis: pip install hypothesis") from e
-    from .backends import available_backends
-
-    backends = available_backends()
-    report = FuzzReport()
-    start = time.monotonic()
-    seen_failures: set[str] = set()
-    repeats = report.repeats
-    round_ = 0
-    while True:
-        round_ += 1
-
-        @settings(
-            max_examples=batch,
-            deadline=None,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-            report_multiple_bugs=False,
-        )
-        @given(data=st.data(), which=st.sampled_from(["attention"] * 4 + ["modules"]))
-        def one(data, which):
-            try:
-                if which == "attention":
-                    _attention_example(data, report, backends)
-                else:
-                    _module_example(data, report, backends)
-            except FuzzFailure as e:
-                key = _failure_key(str(e))
-                if key in seen_failures:  # a bug already reported: count it, do not shrink it again
-                    repeats[key] += 1
-                    return
-                raise
-
-        if seed is not None:
-            one = hypothesis_seed(seed * 100_003 + round_)(one)
-        try:
-            one()
-        except FuzzFailure as e:
-            described = _describe(e)
-            key = _failure_key(described)
-            if key not in seen_failures:
-                seen_failures.add(key)
-                report.failures.append(described)
-        except HypothesisException as e:  # pragma: no cover
-            report.failures.append(f"hypothesis: {e}")
-        except Exception as e:  # noqa: BLE001 — raised outside _call (e.g. in a backward): still a finding
-            described = f"uncaught {type(e).__name__}: {str(e)[:300]}\n" + _describe(e).split("\n", 1)[-1]
-            key = _failure_key(described)
-            if key not in seen_failures:
-                seen_failures.add(key)
-                report.failures.append(described)
-        report.seconds = time.monotonic() - start
-        if progress is not None:
-            progress(report)
-        if report.seconds >= seconds:
-            return report
-
-
-def _failure_key(text: str) -> str:
-    """The first line with numbers blanked: the same bug with other sizes is the same failure."""
-    return re.sub(r"\d+", "#", text.split("\n")[0])
-
-
-def _describe(e: BaseException) -> str:
-    text = str(e)
-    notes = getattr(e, "__notes__", [])
-    example = "\n".join(n for n in notes if "Falsifying" not in n)
-    return f"{text}\n{example}".strip()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m selfattention.fuzz --seconds N [--seed S] [--json PATH]``; exit code 1 on failures."""
-    p = argparse.ArgumentParser(prog="python -m selfattention.fuzz", description=__doc__.split("\n")[0])
-    p.add_argument("--seconds", type=float, default=60.0, help="how long to fuzz (default 60)")
-    p.add_argument("--minutes", type=float, default=None, help="how long to fuzz, in minutes")
-    p.add_argument("--seed", type=int, default=None, help="make the run reproducible")
-    p.add_argument("--json", default=None, help="also write the report as JSON to this path")
-    a = p.parse_args(argv)
-    seconds = a.minutes * 60 if a.minutes is not None else a.seconds
-
-    def progress(r: FuzzReport) -> None:
-        print(
-            f"[{r.seconds:7.1f}s] {r.inputs} inputs, {sum(r.errors.values())} documented errors, {len(r.failures)} failures",
-            flush=True,
-        )
-
-    report = run(seconds, seed=a.seed, progress=progress)
-    print(format_report(report))
-    if a.json:
-        with open(a.json, "w", encoding="utf-8") as f:
-            json.dump(report.as_dict(), f, indent=2)
-    return 0 if report.ok else 1
-
-
-def format_report(report: FuzzReport) -> str:
-    """A plain-text summary (inputs, documented errors seen, failures)."""
-    lines = [
-        f"fuzzed {report.seconds:.0f} s: {report.inputs} inputs, "
-        f"{sum(report.errors.values())} documented ValueError/TypeError, {len(report.failures)} failures",
-        "inputs by target: " + ", ".join(f"{k} {v}" for k, v in report.by_target.most_common()),
-        "most common documented errors:",
-    ]
-    lines += [f"  {n:6d}  {k}" for k, v in [(k, v) for k, v in report.errors.most_common(15)] for n in [v]]
-    for f in report.failures:
-        n = report.repeats.get(_failure_key(f), 0)
-        lines.append("FAILURE" + (f" (seen {n + 1} times)" if n else "") + ": " + f)
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,7 @@
+"""``python -m selfattention.fuzz --seconds N``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
