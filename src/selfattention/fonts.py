@@ -108,11 +108,10 @@ def _package_font() -> Path | None:
 
 
 @functools.cache
-def find_cjk_font() -> tuple[str, Path | None] | None:
+def find_cjk_font() -> tuple[str, Path] | None:
     """``(family, file)`` of a CJK font for our figures and reports, or None when there is none.
 
-    The file is None only when matplotlib knows the family but not a single file of it (never in
-    practice). A font file found outside matplotlib's list is registered with
+    A font file found outside matplotlib's list is registered with
     ``matplotlib.font_manager.fontManager.addfont`` (once per process). Cached.
     """
     from matplotlib import font_manager
@@ -124,17 +123,23 @@ def find_cjk_font() -> tuple[str, Path | None] | None:
                 return family, Path(entry.fname)
     for path in (DEBIAN_FONT, _package_font()):
         if path is not None and path.is_file():
-            before = {e.name for e in manager.ttflist}
-            try:
-                manager.addfont(str(path))
-            except (OSError, RuntimeError, ValueError):  # pragma: no cover - a broken font file
-                continue
-            added = [e.name for e in manager.ttflist if e.fname == str(path)]
-            family = next((n for n in added if n not in before and "Mono" not in n), None)
-            family = family or next((n for n in added if "Mono" not in n), added[0] if added else None)
+            family = _register(path)
             if family is not None:
                 return family, path
     return None
+
+
+def _register(path: Path) -> str | None:
+    """Add a font file to matplotlib's font manager; the family name of its proportional face."""
+    from matplotlib import font_manager
+
+    manager = font_manager.fontManager
+    try:
+        manager.addfont(str(path))
+    except (OSError, RuntimeError, ValueError):  # pragma: no cover - a broken font file
+        return None
+    names = [e.name for e in manager.ttflist if Path(e.fname) == path]
+    return next((n for n in names if "Mono" not in n), names[0] if names else None)
 
 
 def cjk_family() -> str | None:
@@ -220,20 +225,17 @@ def new_figure(**kwargs: Any) -> Any:
 
 
 @functools.cache
-def _subset_bytes(chars: str) -> bytes | None:
-    found = find_cjk_font()
-    if found is None or found[1] is None:
-        return None
+def _subset_bytes(path: Path, family: str, chars: str) -> bytes:
+    """The glyphs of ``chars`` from ``family`` in the font file ``path``, as WOFF bytes (cached)."""
     from fontTools import subset
     from fontTools.ttLib import TTFont
 
-    path = found[1]
     font_number = 0
     if path.suffix.lower() == ".ttc":
         from fontTools.ttLib import TTCollection
 
         names = [f["name"].getDebugName(1) for f in TTCollection(str(path)).fonts]
-        font_number = names.index(found[0]) if found[0] in names else 0
+        font_number = names.index(family) if family in names else 0
     options = subset.Options()
     options.flavor = "woff"  # zlib: no extra dependency (woff2 needs brotli)
     options.layout_features = ["*"]
@@ -258,9 +260,10 @@ def font_face_css(text: str, family: str = REPORT_FAMILY) -> str:
     chars = cjk_chars(text)
     if not chars:
         return ""
-    data = _subset_bytes("".join(sorted(chars)))
-    if data is None:
+    found = find_cjk_font()
+    if found is None:
         return ""
+    data = _subset_bytes(found[1], found[0], "".join(sorted(chars)))
     encoded = base64.b64encode(data).decode("ascii")
     return (
         f'@font-face {{ font-family: "{family}"; font-style: normal; font-weight: 400; '
