@@ -213,3 +213,20 @@ def test_polysemy_without_m3e_says_how_to_install(monkeypatch):
     assert result.measurements["zh"] is None
     assert any("make zh" in note for note in result.notes)
     assert result.verdict.because.startswith("static cos")  # from the English sentences
+
+
+@needs_m3e
+def test_cli_without_a_cjk_font_prints_one_note_not_glyph_warnings(monkeypatch, capsys, tmp_path):
+    from selfattention import fonts
+
+    monkeypatch.setattr(fonts, "find_cjk_font", lambda: None)
+    code = main(["explain", LECTURE[1], "--model", "m3e-small", "--out", str(tmp_path / "h.png")])
+    out = capsys.readouterr()
+    assert code == 0
+    text = " ".join(out.out.split())
+    assert text.count("no CJK font found") == 1 and "make zh" in text
+    assert "Glyph" not in out.err and "Warning" not in out.err
+    code = main(["report", LECTURE[1], "--model", "m3e-small", "--out", str(tmp_path / "r.html")])
+    text = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and "no CJK font to embed" in text
+    assert "@font-face" not in (tmp_path / "r.html").read_text(encoding="utf-8")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
 from typing import Any
 
-__all__ = ["unknown_tokens_note"]
+__all__ = ["save_png", "unknown_tokens_note"]
 
 
 def unknown_tokens_note(run: Any, name: str) -> str | None:
@@ -28,3 +30,25 @@ def unknown_tokens_note(run: Any, name: str) -> str | None:
     if better is not None and better != name:
         return message + " " + "For this text use --model {model}.".format(model=better)
     return message + " " + "A model whose vocabulary covers this script would read them (--model PATH)."
+
+
+def save_png(fig: Any, path: Path, dpi: int) -> None:
+    """Save a figure of :mod:`selfattention.viz`; with Chinese text and no CJK font, print one yellow
+    note saying how to get the font (instead of a Python warning).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    from rich.markup import escape
+
+    from ..fonts import MissingCJKFontWarning
+    from . import console
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", MissingCJKFontWarning)
+        fig.savefig(path, dpi=dpi)
+    for w in caught:
+        if issubclass(w.category, MissingCJKFontWarning):
+            console.print("[yellow]" + escape("note: {message}".format(message=w.message)) + "[/yellow]")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -18,7 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from . import UsageError, console
-from ._notes import unknown_tokens_note
+from ._notes import save_png, unknown_tokens_note
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
 DEFAULT_LAYER = 3
@@ -328,7 +328,7 @@ def explain(
             title=f"{name} · layer {layer}, head {head} · our attention",
         )
         try:
-            fig.savefig(out, dpi=150)
+            save_png(fig, out, dpi=150)
         except OSError as e:
             raise UsageError(f"--out: cannot write {str(out)!r}: {e}") from e
         console.print(f"heatmap ({T}×{T}) written to {out}", highlight=False)

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from . import UsageError, console
-from ._notes import unknown_tokens_note
+from ._notes import save_png, unknown_tokens_note
 
 _HELP = (
     "Write one self-contained HTML report (no network, opens from disk): the tokens, a layer × head grid, "
@@ -182,6 +182,18 @@ def register(app: typer.Typer) -> None:
                 payload = model_report(run, head=head_lh, token=token, exact_budget_mb=exact_mb, progress=say)
                 say("writing {out}".format(out=out))
                 size = write_report(payload, out)
+            from .._scripts import has_cjk
+            from ..fonts import find_cjk_font
+
+            if has_cjk("".join(run.tokens)) and find_cjk_font() is None:
+                console.print(
+                    "[yellow]"
+                    + escape(
+                        "note: no CJK font to embed, so the page shows Chinese only where the browser has a "
+                        "CJK font of its own: run `make zh` (or pip install --no-deps paperang-p2-fonts-cjk==0.1.0)."
+                    )
+                    + "[/yellow]"
+                )
             unknown = unknown_tokens_note(run, name)
             if unknown is not None:
                 console.print("[yellow]" + escape(unknown) + "[/yellow]")
@@ -228,7 +240,7 @@ def register(app: typer.Typer) -> None:
                         title=payload["title"], layer=lh["layer"], head=lh["head"]
                     ),
                 )
-            fig.savefig(png, dpi=120)
+            save_png(fig, png, dpi=120)
             console.print(f"[green]wrote[/green] {png}")
         seconds = time.perf_counter() - start
         console.print(f"[green]wrote[/green] {out} ({_human(size)}, {seconds:.1f} s): {what}")
