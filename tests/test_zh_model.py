@@ -230,3 +230,11 @@ def test_cli_without_a_cjk_font_prints_one_note_not_glyph_warnings(monkeypatch, 
     text = " ".join(capsys.readouterr().out.split())
     assert code == 0 and "no CJK font to embed" in text
     assert "@font-face" not in (tmp_path / "r.html").read_text(encoding="utf-8")
+
+
+def test_one_chinese_character_is_a_word_for_the_opening_head():
+    from selfattention.focus import word_tokens
+
+    tokens = ["[CLS]", "他", "。", "a", "咬", "##s", "apple", "[SEP]"]
+    special = [True, False, False, False, False, False, False, True]
+    assert word_tokens(tokens, special) == [False, True, False, False, True, False, True, False]
