@@ -238,3 +238,15 @@ def test_one_chinese_character_is_a_word_for_the_opening_head():
     tokens = ["[CLS]", "他", "。", "a", "咬", "##s", "apple", "[SEP]"]
     special = [True, False, False, False, False, False, False, True]
     assert word_tokens(tokens, special) == [False, True, False, False, True, False, True, False]
+
+
+def test_install_hints_name_the_pins_make_zh_installs():
+    import tomllib
+    from pathlib import Path
+
+    from selfattention import fonts
+
+    pins = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text("utf-8"))
+    embedding, font = pins["tool"]["selfattention"]["zh"]
+    assert embedding in pretrained.M3E_INSTALL and "make zh" in pretrained.M3E_INSTALL
+    assert font in fonts.INSTALL_HINT and "make zh" in fonts.INSTALL_HINT
