@@ -134,3 +134,22 @@ def test_font_face_css_holds_exactly_the_needed_glyphs():
     assert ord("咬") not in cmap  # a subset, not the 5 MB font
     assert len(data) < 20_000
     assert fonts.font_face_css("apple") == ""
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("paperang_p2_fonts_cjk") is None, reason="needs paperang-p2-fonts-cjk (make zh)"
+)
+def test_without_system_fonts_the_pypi_package_is_the_font(monkeypatch, tmp_path):
+    """A fresh machine: matplotlib knows no CJK family and Debian's file is absent."""
+    from pathlib import Path
+
+    monkeypatch.setattr(fonts, "KNOWN_FAMILIES", ())
+    monkeypatch.setattr(fonts, "DEBIAN_FONT", Path(tmp_path / "absent.ttc"))
+    fonts.find_cjk_font.cache_clear()
+    try:
+        family, path = fonts.find_cjk_font()
+        assert family == "WenQuanYi Micro Hei" and path == fonts._package_font()
+        assert "@font-face" in fonts.font_face_css("苹果")
+        assert not (_char("苹") == _char("果")).all()
+    finally:
+        fonts.find_cjk_font.cache_clear()
