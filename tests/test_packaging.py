@@ -22,16 +22,23 @@ def _pyproject() -> dict:
 
 def test_makefile_installs_through_the_extras_only():
     """No dependency is spelled in the Makefile except the torch pin: everything else comes from the
-    extras, so `make install` and `pip install ".[model]"` cannot disagree."""
+    extras, so `make install` and `pip install ".[model]"` cannot disagree. The opt-in `--no-deps`
+    packages of `make zh` are pyproject's ``[tool.selfattention] zh`` list, exactly."""
     text = (ROOT / "Makefile").read_text(encoding="utf-8")
     installs = [line.split("pip install", 1)[1] for line in text.splitlines() if "pip install" in line]
     assert installs, "the Makefile installs nothing?"
+    zh = _pyproject()["tool"]["selfattention"]["zh"]
+    no_deps = []
     for args in installs:
         specs = [a.strip("'\"") for a in args.split() if not a.startswith("-")]
         for spec in specs:
+            if "--no-deps" in args.split() and spec in zh:
+                no_deps.append(spec)
+                continue
             assert spec == "torch==2.13.0" or spec.startswith(".["), (
                 f"Makefile pins {spec!r} outside pyproject"
             )
+    assert sorted(no_deps) == sorted(zh)
     assert any("'.[dev,model]'" in args for args in installs)
     model = _pyproject()["project"]["optional-dependencies"]["model"]
     assert any(re.fullmatch(r"transformers>=5,<6", m) for m in model), model

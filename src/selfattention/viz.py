@@ -2,6 +2,7 @@
 
 Figures are built on ``matplotlib.figure.Figure`` directly — no pyplot state, no GUI backend, nothing is
 ever shown — so they work headless, in threads and in tests. Save one with ``fig.savefig("a.png")``.
+Chinese tokens are drawn with a CJK font when one is installed (:mod:`selfattention.fonts`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 from matplotlib.figure import Figure
+
+from .fonts import new_figure
 
 __all__ = ["attention_heatmap"]
 
@@ -70,7 +73,7 @@ def attention_heatmap(
     cell = 0.42 if annotate else 0.22  # inches per token
     width = min(16.0, max(4.5, 2.4 + cell * min(n_cols, MAX_TICK_LABELS)))
     height = min(15.0, max(3.5, 2.0 + cell * min(n_rows, MAX_TICK_LABELS)))
-    fig = Figure(figsize=(width, height), layout="constrained")
+    fig = new_figure(figsize=(width, height), layout="constrained")
     ax = fig.add_subplot()
     finite = w[torch.isfinite(w)]
     vmax = float(finite.max()) if finite.numel() else 1.0
@@ -190,7 +193,7 @@ def attention_head_grid(
         raise ValueError(f"gamma must be > 0, got {gamma}")
     n_layers, n_heads, t, _ = w.shape
     entropy = head_statistics(w)["entropy"]
-    fig = Figure(
+    fig = new_figure(
         figsize=(0.6 + cell_inches * n_heads + 0.8, 0.6 + cell_inches * n_layers + (0.4 if title else 0))
     )
     grid = fig.add_gridspec(

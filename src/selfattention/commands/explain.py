@@ -18,6 +18,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from . import UsageError, console
+from ._notes import save_png, unknown_tokens_note
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
 DEFAULT_LAYER = 3
@@ -43,6 +44,9 @@ _HELP = "\n\n".join(
         "encoder or a decoder) that model runs instead. Without --layer/--head it opens on the head with the "
         "strongest long-range link between two words: the largest weight x log2(distance) over pairs of "
         "word tokens at least two positions apart.",
+        "With --model m3e-small, moka-ai's Chinese model (one token per character; install it with "
+        "make zh; non-commercial / research use only) reads Chinese text, which all-MiniLM-L6-v2 turns "
+        "into [UNK]. Unknown tokens are always counted in a note.",
         "Inputs longer than the model was trained on (all-MiniLM-L6-v2: 256 tokens, though its position "
         "table has 512) get a printed note.",
     ]
@@ -159,8 +163,8 @@ def explain(
         None,
         "--model",
         "-m",
-        help="A local Hugging Face checkpoint folder (encoder or decoder) instead of the built-in "
-        "all-MiniLM-L6-v2.",
+        help="m3e-small (a Chinese model: make zh), or a local Hugging Face checkpoint folder (encoder or "
+        "decoder), instead of the built-in all-MiniLM-L6-v2.",
     ),
     layer: int | None = typer.Option(
         None, "--layer", "-l", help="Layer, 0-based. Default: 3 for the built-in model, else see below."
@@ -251,6 +255,9 @@ def explain(
             full=run.n_tokens_full,
             n=T,
         )
+    unknown = unknown_tokens_note(run, name)
+    if unknown is not None:
+        _note("{note}", note=unknown)
     if run.past_trained_length:
         _note(
             "note: {name} was trained on inputs of at most {trained} tokens (its own files say so); this "
@@ -321,7 +328,7 @@ def explain(
             title=f"{name} · layer {layer}, head {head} · our attention",
         )
         try:
-            fig.savefig(out, dpi=150)
+            save_png(fig, out, dpi=150)
         except OSError as e:
             raise UsageError(f"--out: cannot write {str(out)!r}: {e}") from e
         console.print(f"heatmap ({T}×{T}) written to {out}", highlight=False)

@@ -16,12 +16,13 @@ import typer
 from rich.markup import escape
 
 from . import UsageError, console
+from ._notes import save_png, unknown_tokens_note
 
 _HELP = (
     "Write one self-contained HTML report (no network, opens from disk): the tokens, a layer × head grid, "
     "a large heatmap with exact weights on hover, the trace tables of a head and per-head statistics. "
     "The model is the built-in all-MiniLM-L6-v2, or any local Hugging Face checkpoint folder (encoder or "
-    "decoder) with --model PATH. The page opens on the strongest long-range link between two words "
+    "decoder) with --model PATH, or --model m3e-small for Chinese text (make zh). The page opens on the strongest long-range link between two words "
     "(largest weight x log2 distance between word tokens at least two apart), unless --head/--token say "
     "otherwise. Inputs too long to keep every weight matrix get per-head statistics from the tiled path."
 )
@@ -49,7 +50,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--model",
             "-m",
-            help="A local Hugging Face checkpoint folder (encoder or decoder) instead of all-MiniLM-L6-v2.",
+            help="m3e-small (a Chinese model: make zh), or a local Hugging Face checkpoint folder (encoder "
+            "or decoder), instead of all-MiniLM-L6-v2.",
         ),
         out: Path = typer.Option(Path("report.html"), "--out", "-o", help="Where to write the HTML file."),
         file: Path | None = typer.Option(None, "--file", "-f", help="Read the text from this UTF-8 file."),
@@ -131,6 +133,8 @@ def register(app: typer.Typer) -> None:
 
             try:
                 limit = pretrained.position_limit(model)
+            except ImportError as e:
+                raise UsageError(str(e)) from None
             except ValueError as e:
                 raise UsageError("--model: {error}".format(error=e)) from None
             if max_length is not None and not 2 <= max_length <= (limit or max_length):
@@ -178,6 +182,21 @@ def register(app: typer.Typer) -> None:
                 payload = model_report(run, head=head_lh, token=token, exact_budget_mb=exact_mb, progress=say)
                 say("writing {out}".format(out=out))
                 size = write_report(payload, out)
+            from .._scripts import has_cjk
+            from ..fonts import find_cjk_font
+
+            if has_cjk("".join(run.tokens)) and find_cjk_font() is None:
+                console.print(
+                    "[yellow]"
+                    + escape(
+                        "note: no CJK font to embed, so the page shows Chinese only where the browser has a "
+                        "CJK font of its own: run `make zh` (or pip install --no-deps paperang-p2-fonts-cjk==0.1.0)."
+                    )
+                    + "[/yellow]"
+                )
+            unknown = unknown_tokens_note(run, name)
+            if unknown is not None:
+                console.print("[yellow]" + escape(unknown) + "[/yellow]")
             if run.past_trained_length:
                 console.print(
                     "[yellow]"
@@ -221,7 +240,7 @@ def register(app: typer.Typer) -> None:
                         title=payload["title"], layer=lh["layer"], head=lh["head"]
                     ),
                 )
-            fig.savefig(png, dpi=120)
+            save_png(fig, png, dpi=120)
             console.print(f"[green]wrote[/green] {png}")
         seconds = time.perf_counter() - start
         console.print(f"[green]wrote[/green] {out} ({_human(size)}, {seconds:.1f} s): {what}")

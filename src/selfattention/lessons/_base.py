@@ -152,12 +152,11 @@ class Lesson:
 
 
 def new_figure(width: float = 6.4, height: float = 4.0, ncols: int = 1, nrows: int = 1):
-    """A matplotlib ``Figure`` (object API, Agg canvas, never shown) and its axes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    """A matplotlib ``Figure`` (object API, Agg canvas, never shown, Chinese glyphs drawn with a CJK font
+    when one is installed: :func:`selfattention.fonts.new_figure`) and its axes."""
+    from ..fonts import new_figure as cjk_figure
 
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = cjk_figure(figsize=(width, height), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     return fig, (axes[0, 0] if nrows == ncols == 1 else axes.ravel())
 

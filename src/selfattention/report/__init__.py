@@ -157,11 +157,17 @@ def render_html(payload: dict[str, Any]) -> str:
     """The report as one HTML string: ``report.html`` with the CSS, the JS and the payload inlined.
 
     The payload goes into a ``<script type="application/json">`` block with every ``<`` written as
-    ``\\u003c``, so no token text can break out of it.
+    ``\\u003c``, so no token text can break out of it. Chinese (CJK) characters of the page are drawn
+    with an embedded subset of a CJK font (:func:`selfattention.fonts.font_face_css`) when one is
+    installed.
     """
     # "<" only occurs inside JSON strings; as \u003c no token can open or close a tag in the page
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
+    from ..fonts import font_face_css
+
     values = {
+        # the glyphs of a CJK font that the page's text needs, embedded (no network); "" without CJK text
+        "/*__FONT__*/": font_face_css(data + str(payload.get("title", ""))),
         "/*__CSS__*/": _asset("report.css"),
         "/*__JS__*/": _asset("report.js").replace("</script", "<\\/script"),
         "__TITLE__": _html.escape(str(payload.get("title", "attention report"))),

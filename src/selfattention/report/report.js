@@ -653,6 +653,13 @@
     renderHeadStats(); drawHeat(); shadeTokens(); renderTrace(); renderStats(); publish();
   }
 
+  async function loadFonts() {
+    // the embedded glyph subset of a CJK font (a data: URL) must be loaded before the canvases draw labels
+    if (!document.fonts || !document.fonts.load) return;
+    const text = D.tokens.join("") + (D.title || "") + (D.caveat_zh || "");
+    try { await document.fonts.load('14px "selfattention CJK"', text); } catch (e) { console.warn(e); }
+  }
+
   async function main() {
     // the overlay is small and read back by tools and tests (pixel checks of the highlight)
     $("overlay").getContext("2d", { willReadFrequently: true });
@@ -673,6 +680,7 @@
       for (const name of ["scores", "scaled", "weights", "context", "query", "key", "value"]) if (rec[name]) out[name] = await decode(rec[name]);
       exact[k] = out;
     }));
+    await loadFonts();
     const tDecode = performance.now();
     if (L * H === 1) $("left-col").hidden = true;
     renderTokens();

@@ -1,0 +1,54 @@
+"""Notes about a model run that ``explain`` and ``report`` both print (one place for the wording)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+__all__ = ["save_png", "unknown_tokens_note"]
+
+
+def unknown_tokens_note(run: Any, name: str) -> str | None:
+    """A sentence saying how many tokens of ``run`` (a :class:`~selfattention.pretrained.ModelRun`) are
+    ``[UNK]`` and which model reads that script, or None when no token is unknown.
+
+    >>> from types import SimpleNamespace
+    >>> run = SimpleNamespace(n_unknown=0, tokens=["[CLS]", "hi", "[SEP]"], text="hi")
+    >>> unknown_tokens_note(run, "all-MiniLM-L6-v2") is None
+    True
+    """
+    from ..pretrained import suggest_model
+
+    if not run.n_unknown:
+        return None
+    message = (
+        "note: {n} of {total} tokens are unknown to {name} (shown as [UNK]): its vocabulary does not hold "
+        "those characters, so it reads them all as one and the same token."
+    ).format(n=run.n_unknown, total=len(run.tokens), name=name)
+    better = suggest_model(run.text)
+    if better is not None and better != name:
+        return message + " " + "For this text use --model {model}.".format(model=better)
+    return message + " " + "A model whose vocabulary covers this script would read them (--model PATH)."
+
+
+def save_png(fig: Any, path: Path, dpi: int) -> None:
+    """Save a figure of :mod:`selfattention.viz`; with Chinese text and no CJK font, print one yellow
+    note saying how to get the font (instead of a Python warning).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    from rich.markup import escape
+
+    from ..fonts import MissingCJKFontWarning
+    from . import console
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", MissingCJKFontWarning)
+        fig.savefig(path, dpi=dpi)
+    for w in caught:
+        if issubclass(w.category, MissingCJKFontWarning):
+            console.print("[yellow]" + escape("note: {message}".format(message=w.message)) + "[/yellow]")
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
