@@ -133,7 +133,7 @@ def main() -> None:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=None)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--backend", default="torch")
+    p.add_argument("--backend", default="tiled", help="attention backend (default: the decoder's own, tiled)")
     p.add_argument("--steps", type=int, default=16, help="cached single-token steps timed per context")
     p.add_argument("--repeats", type=int, default=3, help="recomputations timed per context")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")

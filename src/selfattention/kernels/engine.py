@@ -288,6 +288,18 @@ def backward(
     blind = lse == -math.inf
     if bool(blind.any()):
         dout = torch.where(blind[..., None], torch.zeros((), dtype=dout.dtype, device=dout.device), dout)
+    calls = prob.plan.calls
+    if (
+        prob.kernel == "vendor"
+        and len(calls) == 1
+        and calls[0].count == 1
+        and (calls[0].r0, calls[0].rows, calls[0].c0, calls[0].cols) == (0, q.shape[2], 0, k.shape[2])
+    ):  # one call over everything: its gradients are the gradients (no zero-filled copies to add into)
+        call = calls[0]
+        gq, gk, gv = vendor.backward(
+            dout, q, k, v, out, lse, _tile(prob, call, q.device), call.causal, prob.scale
+        )
+        return gq, gk, gv, None
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dmask = None
     if prob.mask_grad and mask is not None:
