@@ -157,7 +157,11 @@ def _masks(spec: dict):
         return {"is_causal": True}, None, lambda b, h, q, kv: q >= kv
     if variant == "window":
         w = spec["window"]
-        return {"window": w}, masks.sliding_window_mask(t, window=w), lambda b, h, q, kv: (q >= kv) & (q - kv < w)
+        return (
+            {"window": w},
+            masks.sliding_window_mask(t, window=w),
+            lambda b, h, q, kv: (q >= kv) & (q - kv < w),
+        )
     ids = torch.arange(spec["documents"]).repeat_interleave(t // spec["documents"])
     ids = torch.cat([ids, ids.new_full((t - ids.numel(),), spec["documents"] - 1)])
     return {"document_ids": ids}, masks.document_mask(ids), lambda b, h, q, kv: ids[q] == ids[kv]
@@ -177,7 +181,9 @@ def _impls(spec: dict) -> tuple[dict[str, Any], dict[str, str]]:
     out: dict[str, Any] = {}
     missing: dict[str, str] = {}
     if variant == "stats":
-        out["tiled"] = lambda q, k, v: tiled_attention_with_stats(q, k, v, top_k=spec["top_k"], **kw, **blocks)
+        out["tiled"] = lambda q, k, v: tiled_attention_with_stats(
+            q, k, v, top_k=spec["top_k"], **kw, **blocks
+        )
         out["sdpa"] = lambda q, k, v: tnf.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out, missing
     if t <= spec["reference_max_t"] and dense_mask is None:
@@ -256,7 +262,15 @@ def _child(spec: dict) -> None:
             row.update(kernel=plan.kernel, reason=plan.reason, strategy=plan.strategy, calls=plan.calls)
         print(json.dumps(row), flush=True)
     for name, why in missing.items():
-        print(json.dumps({**{key: spec[key] for key in ("t", "heads", "variant", "pass")}, "impl": name, "missing": why}))
+        print(
+            json.dumps(
+                {
+                    **{key: spec[key] for key in ("t", "heads", "variant", "pass")},
+                    "impl": name,
+                    "missing": why,
+                }
+            )
+        )
 
 
 # ---------------------------------------------------------------------------------------------- parent
@@ -331,7 +345,9 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log=None) -> dict:
                     continue
                 row = json.loads(line)
                 if "missing" in row:
-                    meta["skipped"].append(f"{row['impl']} for {row['variant']} {row['pass']}: {row['missing']}")
+                    meta["skipped"].append(
+                        f"{row['impl']} for {row['variant']} {row['pass']}: {row['missing']}"
+                    )
                     continue
                 row["memory_case"] = bool(spec.get("memory"))
                 rows.append(row)
@@ -340,7 +356,9 @@ def run_bench(cfg: BenchConfig, *, progress: bool = True, log=None) -> dict:
             err = proc.stderr.read() if proc.stderr else ""
             if proc.wait() != 0:
                 last = err.strip().splitlines()[-1:] or ["(no message)"]
-                meta["skipped"].append(f"{spec['variant']} {spec['pass']} T={spec['t']}: child failed: {last[0]}")
+                meta["skipped"].append(
+                    f"{spec['variant']} {spec['pass']} T={spec['t']}: child failed: {last[0]}"
+                )
             bar.advance(task)
     meta["load_avg_end"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     peak = meta["matmul_peak_gflops"]

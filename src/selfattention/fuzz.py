@@ -313,7 +313,9 @@ def _attention_example(data, report: FuzzReport, backends: list[str]) -> None:
             return
         bq = data.draw(_st().sampled_from([1, 2, 3, 5, 64, 0, -1]), label="block_q")
         bk = data.draw(_st().sampled_from([1, 2, 4, 7, 64, 0]), label="block_k")
-        kernel = data.draw(_st().sampled_from([None, "exact"]), label="kernel")  # the exact kernel on any input
+        kernel = data.draw(
+            _st().sampled_from([None, "exact"]), label="kernel"
+        )  # the exact kernel on any input
         ok, out = _call(
             report,
             f"tiled_attention(block_q={bq}, block_k={bk})".split("(")[0],

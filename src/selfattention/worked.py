@@ -136,6 +136,13 @@ class WorkedExample:
     printed: list[PrintedNumber] = field(default_factory=list)
     path: Path | None = None
     focus: int | None = None  # a token whose context vector the text works out
+    title_zh: str = ""  # the title in Chinese, shown when the interface speaks Chinese (--lang zh)
+
+    def display_title(self) -> str:
+        """The title in the interface language: ``title_zh`` under ``--lang zh`` when the file has one."""
+        from .i18n import language
+
+        return self.title_zh if language() == "zh" and self.title_zh else self.title
 
     @property
     def steps(self) -> AttentionSteps:
@@ -312,6 +319,7 @@ def _parse(data: dict, where: Path) -> WorkedExample:
     return WorkedExample(
         name=str(data.get("name", where.stem)),
         title=str(data.get("title", where.stem)),
+        title_zh=str(data.get("title_zh", "")),
         kind=kind,
         tokens=[str(t) for t in tokens],
         inputs=inputs,

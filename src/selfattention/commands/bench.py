@@ -31,10 +31,14 @@ def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
         quick: bool = typer.Option(
-            False, "--quick", help="CI-sized run (T = 128, 256 and 512; H = 2; D = 32; no flex compile): seconds."
+            False,
+            "--quick",
+            help="CI-sized run (T = 128, 256 and 512; H = 2; D = 32; no flex compile): seconds.",
         ),
         long: bool = typer.Option(
-            False, "--long", help="Add the memory case: causal forward + backward at T = 65536, H = 1 (minutes)."
+            False,
+            "--long",
+            help="Add the memory case: causal forward + backward at T = 65536, H = 1 (minutes).",
         ),
         out: Path = typer.Option(
             Path("out/bench"),
@@ -45,23 +49,35 @@ def register(app: typer.Typer) -> None:
             None, "--sizes", help="Comma-separated T for the dense and causal cases. Default: 1024,4096."
         ),
         long_t: int | None = typer.Option(
-            None, "--long-t", help="T of the window, documents and stats cases. Default: 16384 (stats at 4096)."
+            None,
+            "--long-t",
+            help="T of the window, documents and stats cases. Default: 16384 (stats at 4096).",
         ),
         memory_t: int | None = typer.Option(
             None, "--memory-t", help="T of the memory case (implies it). Default with --long: 65536."
         ),
         repeats: int | None = typer.Option(
-            None, "--repeats", help="Timed rounds per case. Default: 3 (2 with --quick); 0: the memory call only."
+            None,
+            "--repeats",
+            help="Timed rounds per case. Default: 3 (2 with --quick); 0: the memory call only.",
         ),
         variants: str | None = typer.Option(
             None, "--variants", help="Subset of dense,causal,window,documents,stats. Default: all."
         ),
         passes: str | None = typer.Option(None, "--passes", help="Subset of fwd,fwd+bwd. Default: both."),
-        heads: int | None = typer.Option(None, "--heads", help="Attention heads. Default: 8 (2 with --quick)."),
-        threads: int | None = typer.Option(None, "--threads", help="torch threads. Default: torch's own choice."),
+        heads: int | None = typer.Option(
+            None, "--heads", help="Attention heads. Default: 8 (2 with --quick)."
+        ),
+        threads: int | None = typer.Option(
+            None, "--threads", help="torch threads. Default: torch's own choice."
+        ),
         block_q: int | None = typer.Option(None, "--block-q", help="Query rows per block of the tiled plan."),
-        block_k: int | None = typer.Option(None, "--block-k", help="Key columns per block of the tiled plan."),
-        no_flex: bool = typer.Option(False, "--no-flex", help="Leave flex_attention out (saves its compile time)."),
+        block_k: int | None = typer.Option(
+            None, "--block-k", help="Key columns per block of the tiled plan."
+        ),
+        no_flex: bool = typer.Option(
+            False, "--no-flex", help="Leave flex_attention out (saves its compile time)."
+        ),
     ) -> None:
         """Time the tiled path against torch SDPA and flex_attention: median time, ratios, memory, kernel.
 
@@ -78,7 +94,12 @@ def register(app: typer.Typer) -> None:
             cfg.variants = _subset("variants", variants, VARIANTS)
         if passes is not None:
             cfg.passes = _subset("passes", passes, ("fwd", "fwd+bwd"))
-        for name, value in (("heads", heads), ("threads", threads), ("block-q", block_q), ("block-k", block_k)):
+        for name, value in (
+            ("heads", heads),
+            ("threads", threads),
+            ("block-q", block_q),
+            ("block-k", block_k),
+        ):
             if value is not None and value <= 0:
                 raise UsageError(f"--{name} must be a positive integer, got {value}")
         for name, value in (("long-t", long_t), ("memory-t", memory_t)):

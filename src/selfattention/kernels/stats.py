@@ -60,7 +60,9 @@ def sweep(
     idx = torch.full((b, h, tq, top_k), -1, dtype=torch.int64, device=q.device)
     cols = q.new_zeros((b, h, tk, 1)) if columns else None
     # log α = s − ℓ; a row that sees nothing gets ℓ = +inf, so α = 0 everywhere
-    neg_lse = torch.where(lse == -math.inf, torch.full((), -math.inf, dtype=lse.dtype, device=lse.device), -lse)
+    neg_lse = torch.where(
+        lse == -math.inf, torch.full((), -math.inf, dtype=lse.dtype, device=lse.device), -lse
+    )
     qs = q * prob.scale
     blind = bool((lse == -math.inf).any())  # such rows make every tile's scores −inf
     for call in prob.plan.calls:
@@ -79,7 +81,12 @@ def sweep(
                 _fold(call, cs.unsqueeze(-1), b, cols[:, heads])  # a view: adds into cols
     hidden = vals == -math.inf
     weights = torch.exp(vals).masked_fill(hidden, 0.0)
-    return ent.clamp_min(0.0), weights, idx.masked_fill(hidden, -1), None if cols is None else cols.squeeze(-1)
+    return (
+        ent.clamp_min(0.0),
+        weights,
+        idx.masked_fill(hidden, -1),
+        None if cols is None else cols.squeeze(-1),
+    )
 
 
 _ROWS, _COLS = 64, 512  # a score tile of (heads sharing a key) × 64 rows × 512 keys stays in cache
@@ -128,7 +135,10 @@ def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
                 s.view(bq_, hk, g, r, w).add_(bias5[..., rs, cs_])  # −inf hides
                 masked = True
             if call.causal and j1 > i0:  # the tile crosses the diagonal
-                hide = torch.arange(j0, j1, device=s.device)[None, :] > torch.arange(i0, i1, device=s.device)[:, None]
+                hide = (
+                    torch.arange(j0, j1, device=s.device)[None, :]
+                    > torch.arange(i0, i1, device=s.device)[:, None]
+                )
                 s.view(n, g, r, w).masked_fill_(hide, -math.inf)
                 masked = True
             v_, i_ = _tile_topk(s, min(top_k, w))
