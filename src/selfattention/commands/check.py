@@ -12,7 +12,6 @@ from ..worked import load_example
 from . import UsageError, console
 from .demo import show_example
 
-
 _HELP = N_(
     "Recompute each printed number of a worked example: ok / within rounding / wrong.\n\n"
     "The file format: docs/worked-examples.md."

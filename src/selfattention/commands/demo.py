@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import typer
+from rich.cells import cell_len
 from rich.columns import Columns
 from rich.markup import escape
 from rich.panel import Panel
-from rich.cells import cell_len
 from rich.table import Table
 
 from ..i18n import N_, _, ngettext
