@@ -117,12 +117,16 @@ def _unwrap(text: str | None) -> str | None:
 
 
 def _tidy_help(command: Any) -> None:
-    """Help that reads well at 80 columns, for a command and its subcommands.
+    """Help that reads well at 80 columns, in the interface language, for a command and its subcommands.
 
     Flags take no value, so none is shown (typer would print ``--check <bool>``, ``--help <bool>``), and
-    docstring paragraphs are re-flowed instead of breaking where the source lines break.
+    docstring paragraphs are re-flowed instead of breaking where the source lines break. A command whose
+    function has ``help_values`` has a help template: its placeholders are filled after translation.
     """
     command.help = _unwrap(command.help)
+    values = getattr(getattr(command, "callback", None), "help_values", None)
+    if command.help and values:
+        command.help = command.help.format(**values)
     # the help option is made on demand and cached per command: make it now, with a bare context
     help_option = command.get_help_option(command.context_class(command))
     for param in [*command.params, *([help_option] if help_option is not None else [])]:

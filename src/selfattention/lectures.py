@@ -55,7 +55,9 @@ def get(number: str) -> Lecture:
 
 def label(number: str) -> str:
     """``lecture NNN · title`` — how commands name a lecture."""
-    return f"lecture {number} · {get(number).title}"
+    from .i18n import _
+
+    return _("lecture {number} · {title}").format(number=number, title=get(number).title)
 
 
 def lecture_title(number: str) -> str:

@@ -14,17 +14,20 @@ from typing import Any
 
 import torch
 
+from ..i18n import N_
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="distance-one-hop",
-    summary="any two positions: one step apart",
+    summary=N_("any two positions: one step apart"),
     lecture="000",
     section="Self-attention 相对 RNN 的两个根本变化；003 §4 对照表",
     claim_zh="任意两 token 距离 1 跳：不依赖中间，无梯度沿时间衰减（003：路径长度恒为 1，不随距离增长而衰减）",
-    claim_en="Any two positions are one step apart: the gradient from an output to a distant input does "
-    "not decay with distance, unlike an RNN's.",
+    claim_en=N_(
+        "Any two positions are one step apart: the gradient from an output to a distant input does "
+        "not decay with distance, unlike an RNN's."
+    ),
     kind="measured",
     module="distance_one_hop",
 )

@@ -15,17 +15,19 @@ from typing import Any
 import torch
 
 from ..functional import scaled_dot_product_attention
+from ..i18n import N_
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="kv-reuse",
-    summary="past K and V never change: cache",
+    summary=N_("past K and V never change: cache"),
     lecture="003",
     section="五、和后面课程的关系 (第 22 讲 KV Cache)",
     claim_zh="生成文字时，之前位置的 K、V 一旦算过就不会变，可以缓存下来避免重复计算",
-    claim_en="When generating, the K and V of earlier positions never change once computed, so they can "
-    "be cached.",
+    claim_en=N_(
+        "When generating, the K and V of earlier positions never change once computed, so they can be cached."
+    ),
     kind="measured",
     module="kv_reuse",
     needs_model=True,

@@ -22,17 +22,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..i18n import N_
 from ..modules import SelfAttention, SimpleSelfAttention
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict, progress_steps, torch_threads
 
 LESSON = Lesson(
     name="limitations-training",
-    summary="no parameters, no learned lookups",
+    summary=N_("no parameters, no learned lookups"),
     lecture="000",
     section="这个版本的局限在哪？ — 三个表达力受限的具体表现",
     claim_zh="简化版只能学相似，学不出这些（反义/句法关系）；ω_ij = ω_ji 无方向性；内容与查询混淆——引入 W_Q, W_K, W_V 同时解掉三个限制",
-    claim_en="With no learnable projections, attention can only follow similarity, is symmetric and ties "
-    "query, key and content together, so it cannot learn to fetch from a dissimilar partner; Q/K/V can.",
+    claim_en=N_(
+        "With no learnable projections, attention can only follow similarity, is symmetric and ties "
+        "query, key and content together, so it cannot learn to fetch from a dissimilar partner; Q/K/V can."
+    ),
     kind="measured",
     module="limitations_training",
     budget="2 min",

@@ -28,16 +28,19 @@ from typing import Any
 import torch
 
 from ..functional import attention_steps
+from ..i18n import N_
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict, progress_steps
 
 LESSON = Lesson(
     name="n-squared-bill",
-    summary="1000 → 4000 tokens costs 16× (n²)",
+    summary=N_("1000 → 4000 tokens costs 16× (n²)"),
     lecture="003",
     section="四、这一讲机制自带的代价；思考题 5",
     claim_zh="序列长度翻倍，需要计算和存储的分数数量变成 4 倍……从 1000 个 token 增加到 4000 个 token，打分表的计算量大概会变成原来的多少倍？",
-    claim_en="Exercise 5: the n × n score table makes memory and compute grow as n²: 1000 → 4000 tokens "
-    "costs about 16×.",
+    claim_en=N_(
+        "Exercise 5: the n × n score table makes memory and compute grow as n²: 1000 → 4000 tokens "
+        "costs about 16×."
+    ),
     kind="exercise",
     module="n_squared",
 )

@@ -13,18 +13,21 @@ from typing import Any
 
 import torch
 
+from ..i18n import N_
 from ..modules import SelfAttention
 from ..trace import capture
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="no-locality-prior",
-    summary="no built-in bias to near tokens",
+    summary=N_("no built-in bias to near tokens"),
     lecture="003",
     section="四、这一讲机制自带的代价",
     claim_zh="自注意力本身对“该往哪看”没有任何预先设定的偏好……对序列里任意两个位置一视同仁，具体该重点关注谁，完全靠训练从数据里学出来",
-    claim_en="Attention treats every pair of positions alike: no locality prior is built in; any "
-    "preference for near tokens must be learned (with position information).",
+    claim_en=N_(
+        "Attention treats every pair of positions alike: no locality prior is built in; any "
+        "preference for near tokens must be learned (with position information)."
+    ),
     kind="measured",
     module="no_locality_prior",
     needs_model=True,

@@ -17,16 +17,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..i18n import N_
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict, progress_steps, torch_threads
 
 LESSON = Lesson(
     name="one-aggregation-per-layer",
-    summary="one layer gathers once",
+    summary=N_("one layer gathers once"),
     lecture="003",
     section="四、这一讲机制自带的代价",
     claim_zh="一层自注意力只做了一次“信息汇聚”……更复杂的推理往往需要好几层自注意力叠加、反复汇聚才能做到",
-    claim_en="One attention layer aggregates once; a chain of lookups (here: two hops) needs stacked layers.",
+    claim_en=N_(
+        "One attention layer aggregates once; a chain of lookups (here: two hops) needs stacked layers."
+    ),
     kind="measured",
     module="one_aggregation",
     budget="2 min",

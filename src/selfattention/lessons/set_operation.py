@@ -17,17 +17,20 @@ from typing import Any
 import torch
 
 from ..functional import scaled_dot_product_attention
+from ..i18n import N_
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="set-operation-without-positions",
-    summary="no positions: order doesn't count",
+    summary=N_("no positions: order doesn't count"),
     lecture="003",
     section="形式化验证：没有位置编码，自注意力真的是一个集合操作；思考题 3",
     claim_zh="调换输入顺序只会调换输出的顺序标签，每个位置各自算出的内容完全不变……无法区分“狗咬人”和“人咬狗”",
-    claim_en="Exercise 3: without position information, permuting the inputs permutes the outputs and "
-    "changes nothing else, so 'dog bites man' and 'man bites dog' give the same set of vectors.",
+    claim_en=N_(
+        "Exercise 3: without position information, permuting the inputs permutes the outputs and "
+        "changes nothing else, so 'dog bites man' and 'man bites dog' give the same set of vectors."
+    ),
     kind="exercise",
     module="set_operation",
     needs_model=True,

@@ -15,16 +15,19 @@ from typing import Any
 import torch
 
 from ..functional import attention_weights, simple_attention_steps
+from ..i18n import N_
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="similar-means-attend",
-    summary="the most similar gets most weight",
+    summary=N_("the most similar gets most weight"),
     lecture="000",
     section="这个版本的局限在哪？ — 相似 = 关注",
     claim_zh="相似 = 关注：ω_ij 就是 x_i 和 x_j 的余弦相似度方向（没缩放的内积），语义相似的 token 必然互相关注",
-    claim_en="In softmax(X Xᵀ) X the weights follow similarity: the most similar token — the token "
-    "itself — gets the largest weight (exactly so when all norms are equal, by Cauchy–Schwarz).",
+    claim_en=N_(
+        "In softmax(X Xᵀ) X the weights follow similarity: the most similar token — the token "
+        "itself — gets the largest weight (exactly so when all norms are equal, by Cauchy–Schwarz)."
+    ),
     kind="measured",
     module="similar_attend",
     needs_model=True,

@@ -15,16 +15,19 @@ from typing import Any
 import torch
 
 from ..functional import attention_steps, simple_attention_steps
+from ..i18n import N_
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="similarity-driven-heads",
-    summary="trained heads: similarity-driven?",
+    summary=N_("trained heads: similarity-driven?"),
     lecture="000",
     section="开放问题 2",
     claim_zh="“相似才关注”的限制是否被高估：训练后的 Q/K/V 投影是否真的让 attention 学反义关系，还是仍以相似为主？",
-    claim_en="Open question: after training, is attention still mostly driven by similarity (scores ≈ "
-    "X Xᵀ, top key = the token itself)? Measured per layer and head of MiniLM.",
+    claim_en=N_(
+        "Open question: after training, is attention still mostly driven by similarity (scores ≈ "
+        "X Xᵀ, top key = the token itself)? Measured per layer and head of MiniLM."
+    ),
     kind="measured",
     module="similarity_heads",
     needs_model=True,

@@ -12,18 +12,21 @@ from typing import Any
 import torch
 
 from ..functional import simple_attention
+from ..i18n import N_
 from ..modules import SelfAttention
 from ..trace import capture
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="single-token",
-    summary="one token: weight 1, output = v",
+    summary=N_("one token: weight 1, output = v"),
     lecture="003",
     section="思考题 4",
     claim_zh="如果一句话只有一个词（n=1），打分、softmax、加权求和会发生什么退化？这时候输出和输入是什么关系？",
-    claim_en="Exercise 4: with n = 1 the single weight is 1 and the output is the token's value vector "
-    "v = x·W_v (z = x without projections), whatever the scores are.",
+    claim_en=N_(
+        "Exercise 4: with n = 1 the single weight is 1 and the output is the token's value vector "
+        "v = x·W_v (z = x without projections), whatever the scores are."
+    ),
     kind="exercise",
     module="single_token",
 )

@@ -15,17 +15,20 @@ from typing import Any
 import torch
 
 from ..functional import attention_steps, simple_attention_steps
+from ..i18n import N_
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="symmetric-scores",
-    summary="scores symmetric without W_q, W_k",
+    summary=N_("scores symmetric without W_q, W_k"),
     lecture="000",
     section="这个版本的局限在哪？ — 无方向性",
     claim_zh="无方向性：ω_ij = ω_ji，“我看你”和“你看我”权重完全对称",
-    claim_en="Without projections the scores are symmetric, ω_ij = ω_ji; learned W_q ≠ W_k "
-    "(lecture 003) break the symmetry.",
+    claim_en=N_(
+        "Without projections the scores are symmetric, ω_ij = ω_ji; learned W_q ≠ W_k "
+        "(lecture 003) break the symmetry."
+    ),
     kind="measured",
     module="symmetric_scores",
     needs_model=True,

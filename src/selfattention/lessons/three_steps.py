@@ -16,16 +16,19 @@ from typing import Any
 import torch
 
 from ..functional import attention_steps, simple_attention
+from ..i18n import N_
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict, progress_steps
 
 LESSON = Lesson(
     name="three-steps-one-matmul",
-    summary="loop over positions = one matmul",
+    summary=N_("loop over positions = one matmul"),
     lecture="000",
     section="矩阵形式：一次算完整个序列",
     claim_zh="所有位置的输出在一次矩阵乘里同时算完，没有 RNN 那种“必须等前一步”的数据依赖（序列维全并行）",
-    claim_en="Computing z_i position by position gives exactly Z = softmax(X Xᵀ) X, which computes every "
-    "position in one matrix product: the sequence dimension is fully parallel.",
+    claim_en=N_(
+        "Computing z_i position by position gives exactly Z = softmax(X Xᵀ) X, which computes every "
+        "position in one matrix product: the sequence dimension is fully parallel."
+    ),
     kind="measured",
     module="three_steps",
 )

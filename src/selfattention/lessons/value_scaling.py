@@ -13,18 +13,21 @@ from typing import Any
 
 import torch
 
+from ..i18n import N_
 from ..modules import SelfAttention
 from ..trace import capture
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="value-scales-output",
-    summary="W_v = 3I scales the output only",
+    summary=N_("W_v = 3I scales the output only"),
     lecture="003",
     section="思考题 1",
     claim_zh="把 Wv 换成 3×单位矩阵（其他不变），重新算一遍位置 1 的输出。权重会变吗？输出向量的数值会怎么变？",
-    claim_en="Exercise 1: with W_v = 3I the weights stay the same and every output is scaled by 3/2 "
-    "(Q, K decide the weights; V decides the content).",
+    claim_en=N_(
+        "Exercise 1: with W_v = 3I the weights stay the same and every output is scaled by 3/2 "
+        "(Q, K decide the weights; V decides the content)."
+    ),
     kind="exercise",
     module="value_scaling",
 )

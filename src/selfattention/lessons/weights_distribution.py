@@ -12,15 +12,18 @@ from typing import Any
 import torch
 
 from ..functional import attention_weights
+from ..i18n import N_
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="weights-are-distributions",
-    summary="each row of weights sums to 1",
+    summary=N_("each row of weights sums to 1"),
     lecture="003",
     section="softmax：把打分变成合法权重",
     claim_zh="套 softmax，变成一组非负、加起来等于 1 的权重",
-    claim_en="Softmax turns each row of scores into non-negative weights that sum to 1, whatever the scores.",
+    claim_en=N_(
+        "Softmax turns each row of scores into non-negative weights that sum to 1, whatever the scores."
+    ),
     kind="measured",
     module="weights_distribution",
     needs_model=True,

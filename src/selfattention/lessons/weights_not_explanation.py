@@ -15,16 +15,19 @@ from typing import Any
 
 import torch
 
+from ..i18n import N_
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="weights-not-explanation",
-    summary="weights are not an explanation",
+    summary=N_("weights are not an explanation"),
     lecture="003",
     section="五、和后面课程的关系 (第 31 讲 可解释性)",
     claim_zh="softmax 权重经常被直接当成“模型在关注什么”的证据来解读，但这个解读本身是有争议的，不能想当然地把注意力权重等同于“模型的推理过程”",
-    claim_en="Attention weights should not be read as 'what the model attends to': the weight of a key "
-    "and what it contributes (α‖v‖) can disagree.",
+    claim_en=N_(
+        "Attention weights should not be read as 'what the model attends to': the weight of a key "
+        "and what it contributes (α‖v‖) can disagree."
+    ),
     kind="measured",
     module="weights_not_explanation",
     needs_model=True,

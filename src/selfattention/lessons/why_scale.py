@@ -18,16 +18,19 @@ from typing import Any
 import torch
 
 from ..functional import attention_steps
+from ..i18n import N_
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="why-scale-by-sqrt-dk",
-    summary="why divide the scores by √d_k",
+    summary=N_("why divide the scores by √d_k"),
     lecture="003",
     section="缩放：一个工程修正；思考题 2",
     claim_zh="点积是 dₖ 项数字相乘再相加，维度越高，数值的波动范围会越大……softmax 会过分尖锐，梯度变得极小；除以 √dₖ 把数值范围拉回",
-    claim_en="Exercise 2: the std of q·k grows like √d_k (×10 from d_k = 2 to 200); unscaled, the softmax "
-    "saturates and its gradient vanishes; dividing by √d_k keeps both steady.",
+    claim_en=N_(
+        "Exercise 2: the std of q·k grows like √d_k (×10 from d_k = 2 to 200); unscaled, the softmax "
+        "saturates and its gradient vanishes; dividing by √d_k keeps both steady."
+    ),
     kind="exercise",
     module="why_scale",
 )
