@@ -123,15 +123,17 @@ def _tidy_help(command: Any) -> None:
     docstring paragraphs are re-flowed instead of breaking where the source lines break. A command whose
     function has ``help_values`` has a help template: its placeholders are filled after translation.
     """
-    command.help = _unwrap(command.help)
     values = getattr(getattr(command, "callback", None), "help_values", None)
-    if command.help and values:
+    command.help = _unwrap(command.help)
+    if command.help and values and "{" in command.help:
         command.help = command.help.format(**values)
     # the help option is made on demand and cached per command: make it now, with a bare context
     help_option = command.get_help_option(command.context_class(command))
     for param in [*command.params, *([help_option] if help_option is not None else [])]:
         if getattr(param, "help", None):
             param.help = _(param.help)
+            if values and "{" in param.help:
+                param.help = param.help.format(**values)
         if getattr(param, "is_flag", False):
             param.metavar = ""
     for sub in getattr(command, "commands", {}).values():
