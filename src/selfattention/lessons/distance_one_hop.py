@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..i18n import N_
+from ..i18n import N_, _
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
@@ -48,7 +48,7 @@ def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``attention_far_over_near`` and ``rnn_far_over_near`` (mean gradient norm at distances ≥ T/2
     over the mean at distances 1–4)."""
     a, r = m["attention_far_over_near"], m["rnn_far_over_near"]
-    text = f"far/near gradient ratio: attention {a:.2f}, RNN {r:.1e}"
+    text = _("far/near gradient ratio: attention {a:.2f}, RNN {r:.1e}").format(a=a, r=r)
     if a < 0.2:
         return Verdict(FAILS, text)
     return Verdict(HOLDS, text)
@@ -77,8 +77,10 @@ def run(
     }
     shown = [1, 2, 4, 8, 16, 32, T - 1]
     table = ResultTable(
-        f"‖∂(u·z_last)/∂x_j‖ by distance, T = {T}, d = {d}, mean of {seeds} random models (float64)",
-        ["distance", "SelfAttention", "torch.nn.RNN (tanh)"],
+        _("‖∂(u·z_last)/∂x_j‖ by distance, T = {T}, d = {d}, mean of {seeds} random models (float64)").format(
+            T=T, d=d, seeds=seeds
+        ),
+        [_("distance"), _("SelfAttention"), _("torch.nn.RNN (tanh)")],
         [[k, f"{att[k]:.3e}", f"{rnn[k]:.3e}"] for k in shown if k < T],
     )
     figures = []

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..i18n import N_
+from ..i18n import N_, _
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict, progress_steps, torch_threads
 
@@ -75,7 +75,7 @@ def train_one(
     model = HopModel(layers, d)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
-    for _ in range(steps):
+    for _step in range(steps):
         a, b, c, y = make_batch(batch, gen)
         loss = nn.functional.cross_entropy(model(a, b, c).flatten(0, 1), y.flatten())
         opt.zero_grad()
@@ -93,9 +93,10 @@ def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``accuracy`` = {"1 layer": [per seed], "2 layers": [per seed]}."""
     one, two = m["accuracy"]["1 layer"], m["accuracy"]["2 layers"]
     m1, m2 = statistics.mean(one), statistics.mean(two)
-    text = (
-        f"two-hop accuracy: 1 layer {m1:.2f} ({min(one):.2f}–{max(one):.2f}), 2 layers {m2:.2f} "
-        f"({min(two):.2f}–{max(two):.2f}), chance {1 / PAYLOADS:.2f}"
+    text = _(
+        "two-hop accuracy: 1 layer {m1:.2f} ({one_lo:.2f}–{one_hi:.2f}), 2 layers {m2:.2f} ({two_lo:.2f}–{two_hi:.2f}), chance {chance:.2f}"
+    ).format(
+        m1=m1, one_lo=min(one), one_hi=max(one), m2=m2, two_lo=min(two), two_hi=max(two), chance=1 / PAYLOADS
     )
     if m2 >= 0.9 and min(two) > max(one) and m2 - m1 > 0.2:
         return Verdict(HOLDS, text)
@@ -116,7 +117,7 @@ def run(
     results: dict[str, list[dict[str, Any]]] = {"1 layer": [], "2 layers": []}
     with (
         torch_threads(threads),
-        progress_steps(progress, "training 1- and 2-layer models", 2 * seeds * steps) as advance,
+        progress_steps(progress, _("training 1- and 2-layer models"), 2 * seeds * steps) as advance,
     ):
         for layers, key in ((1, "1 layer"), (2, "2 layers")):
             for seed in range(seeds):
@@ -127,9 +128,10 @@ def run(
         sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
         rows.append([k, f"{statistics.mean(acc):.3f} ± {sd:.3f}", " ".join(f"{a:.3f}" for a in acc)])
     table = ResultTable(
-        f"two-hop pointer task: {seeds} seeds × {steps} steps × batch {batch}, d = {d}, Adam lr {lr}; "
-        f"test on 2000 fresh sequences (chance {1 / PAYLOADS:.2f})",
-        ["model", "accuracy mean ± sd", "per seed"],
+        _(
+            "two-hop pointer task: {seeds} seeds × {steps} steps × batch {batch}, d = {d}, Adam lr {lr}; test on 2000 fresh sequences (chance {value:.2f})"
+        ).format(seeds=seeds, steps=steps, batch=batch, d=d, lr=lr, value=1 / PAYLOADS),
+        [_("model"), _("accuracy mean ± sd"), _("per seed")],
         rows,
     )
     figures = []
@@ -152,7 +154,9 @@ def run(
         tables=[table],
         figures=figures,
         notes=[
-            "One layer still beats chance: when next(next(i)) = i the answer is the item's own payload, "
-            "and one hop narrows the candidates; it cannot follow the second pointer."
+            _(
+                "One layer still beats chance: when next(next(i)) = i the answer is the item's own payload, "
+                "and one hop narrows the candidates; it cannot follow the second pointer."
+            )
         ],
     )

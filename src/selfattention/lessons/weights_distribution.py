@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from ..functional import attention_weights
-from ..i18n import N_
+from ..i18n import N_, _
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
@@ -37,11 +37,15 @@ def verdict(m: dict[str, Any]) -> Verdict:
     if not m["finite"] or m["min_weight"] < 0 or m["max_sum_error"] > TOLERANCE:
         return Verdict(
             FAILS,
-            f"min weight {m['min_weight']:.3g}, max |row sum − 1| {m['max_sum_error']:.3g}, finite {m['finite']}",
+            _("min weight {min_weight:.3g}, max |row sum − 1| {max_sum_error:.3g}, finite {finite}").format(
+                min_weight=m["min_weight"], max_sum_error=m["max_sum_error"], finite=m["finite"]
+            ),
         )
     return Verdict(
         HOLDS,
-        f"min weight {m['min_weight']:.2g} ≥ 0, max |row sum − 1| = {m['max_sum_error']:.1e} over {m['rows']:,} rows",
+        _(
+            "min weight {min_weight:.2g} ≥ 0, max |row sum − 1| = {max_sum_error:.1e} over {rows:,} rows"
+        ).format(min_weight=m["min_weight"], max_sum_error=m["max_sum_error"], rows=m["rows"]),
     )
 
 
@@ -59,7 +63,9 @@ def run(
         mins.append(w.min().item())
         errs.append(err)
         count += w.shape[0] * w.shape[1]
-        rows.append([f"random, |score| ~ {magnitude * 4:g}", f"{w.min():.2g}", f"{err:.1e}"])
+        rows.append(
+            [_("random, |score| ~ {value:g}").format(value=magnitude * 4), f"{w.min():.2g}", f"{err:.1e}"]
+        )
     if use_model:
         from ..pretrained import run_text
 
@@ -70,7 +76,9 @@ def run(
         mins.append(w.min().item())
         errs.append(err)
         count += w.numel() // w.shape[-1]
-        rows.append(["MiniLM, 6 layers × 12 heads", f"{w.min():.2g}", f"{err:.1e}"])
+        rows.append([_("MiniLM, 6 layers × 12 heads"), f"{w.min():.2g}", f"{err:.1e}"])
     m = {"min_weight": min(mins), "max_sum_error": max(errs), "finite": finite, "rows": count}
-    table = ResultTable("softmax rows (float32)", ["input", "min weight", "max |row sum − 1|"], rows)
+    table = ResultTable(
+        _("softmax rows (float32)"), [_("input"), _("min weight"), _("max |row sum − 1|")], rows
+    )
     return LessonResult(LESSON, m, verdict(m), tables=[table])
