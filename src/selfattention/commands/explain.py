@@ -338,11 +338,12 @@ def explain(
     timing = _("load {load:.1f} s · two forward passes (ours + eager) {run:.2f} s").format(
         load=t_load, run=t_run
     )
+    verdict_label = _("verdict:")
     console.print(
         Panel(
             weights_line + "\n"
             f"{hidden_line} [bold]{dh:.2e}[/bold]\n"
-            f"{escape(_('verdict:'))} {verdict}\n"
+            f"{escape(verdict_label)} {verdict}\n"
             f"[dim]{escape(timing)}[/dim]",
             title=escape(_("ours vs the model's own eager attention")),
             expand=False,

@@ -164,7 +164,8 @@ def _print_result(result: Any, out: Path | None = None) -> None:
             table.add_row(*(escape(str(c)) for c in row))
         console.print(table)
     for note in result.notes:
-        console.print(f"[dim]{escape(_('note:'))}[/dim] {escape(note)}", highlight=False)
+        note_label = _("note:")
+        console.print(f"[dim]{escape(note_label)}[/dim] {escape(note)}", highlight=False)
     for path in result.figures:
         console.print(escape(_("figure: {path}").format(path=path)), highlight=False)
     if out is not None and not result.figures:
@@ -174,8 +175,9 @@ def _print_result(result: Any, out: Path | None = None) -> None:
             )
         )
     style = _STATUS_STYLE[result.verdict.status]
+    verdict_label = _("verdict:")
     console.print(
-        f"[bold]{escape(_('verdict:'))}[/bold] [{style}]{escape(verdict_text(result.verdict))}[/{style}]"
+        f"[bold]{escape(verdict_label)}[/bold] [{style}]{escape(verdict_text(result.verdict))}[/{style}]"
         f" — {escape(result.verdict.because)}",
         highlight=False,
     )

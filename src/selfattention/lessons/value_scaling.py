@@ -78,8 +78,8 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
         _("lecture 003 hand example, position 1 (x₁ = [1, 0], x₂ = [0, 1], W_q = W_k = I)"),
         ["W_v", _("weights (1,1), (1,2)"), _("output₁")],
         [
-            ["2I (lecture)", f"{w2[0, 0]:.3f}, {w2[0, 1]:.3f}", f"[{z2[0, 0]:.3f}, {z2[0, 1]:.3f}]"],
-            ["3I (exercise)", f"{w3[0, 0]:.3f}, {w3[0, 1]:.3f}", f"[{z3[0, 0]:.3f}, {z3[0, 1]:.3f}]"],
+            [_("2I (lecture)"), f"{w2[0, 0]:.3f}, {w2[0, 1]:.3f}", f"[{z2[0, 0]:.3f}, {z2[0, 1]:.3f}]"],
+            [_("3I (exercise)"), f"{w3[0, 0]:.3f}, {w3[0, 1]:.3f}", f"[{z3[0, 0]:.3f}, {z3[0, 1]:.3f}]"],
         ],
     )
     return LessonResult(
