@@ -206,6 +206,49 @@ def test_the_script_speaks_chinese_under_a_chinese_locale():
     assert "every number the text prints" not in r.stdout
 
 
+# ------------------------------------------------------------------------------------ the HTML report
+
+
+def _page_texts() -> set[str]:
+    """Every text the report page shows through ``tx()``: its calls in report.js, ``METRIC_NOTE``, and the
+    ``data-t`` / ``data-t-title`` elements of report.html (whitespace collapsed, as report.js does)."""
+    import html
+    import json
+    import re
+
+    js = (PKG / "report" / "report.js").read_text(encoding="utf-8")
+    page = (PKG / "report" / "report.html").read_text(encoding="utf-8")
+    texts = {json.loads(f'"{m}"') for m in re.findall(r'tx\("((?:[^"\\]|\\.)*)"', js)}
+    notes = re.search(r"METRIC_NOTE = \{(.*?)\};", js, re.S).group(1)
+    texts |= {json.loads(f'"{m}"') for m in re.findall(r'^\s*\w+: "((?:[^"\\]|\\.)*)",', notes, re.M)}
+    for _tag, inner in re.findall(r"<(\w+)[^>]*\bdata-t\b[^>]*>(.*?)</\1>", page, re.S):
+        texts.add(html.unescape(" ".join(inner.split())))
+    texts |= {html.unescape(t) for t in re.findall(r'title="([^"]*)"[^>]*data-t-title', page)}
+    return texts
+
+
+def test_report_labels_list_exactly_the_page_texts():
+    from selfattention.report.labels import LABELS
+
+    texts = _page_texts()
+    assert len(texts) > 50
+    assert set(LABELS) == texts, (sorted(texts - set(LABELS)), sorted(set(LABELS) - texts))
+
+
+def test_a_report_made_in_chinese_carries_its_words():
+    from selfattention.report import example_report, render_html
+    from selfattention.worked import load_example
+
+    payload = example_report(load_example("two-token"))
+    english = render_html(payload)
+    assert '"lang":"en","labels":{}' in english
+    with i18n.use_language("zh"):
+        chinese = render_html(example_report(load_example("two-token")))
+    assert '"lang":"zh"' in chinese and '"Trace":"逐步计算"' in chinese
+    assert "一个可以完全手算的例子" in chinese  # the example's Chinese title
+    assert "lang" not in payload  # the caller's payload is not changed
+
+
 # ------------------------------------------------------------------------- no English error left bare
 
 
