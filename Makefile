@@ -47,11 +47,12 @@ wheel: $(STAMP)
 # template, merge it into each language's .po (new messages arrive untranslated, never guessed), compile the .mo.
 LOCALE := src/selfattention/locale
 i18n: $(STAMP)
+	mkdir -p build/i18n
 	$(VENV)/bin/pybabel extract -F babel.cfg --sort-by-file --no-location --no-wrap -c TRANSLATORS: \
-		--project selfattention -o $(LOCALE)/selfattention.pot src/selfattention
-	test -f $(LOCALE)/zh/LC_MESSAGES/selfattention.po || $(VENV)/bin/pybabel init -i $(LOCALE)/selfattention.pot \
+		--project selfattention -o build/i18n/selfattention.pot src/selfattention
+	test -f $(LOCALE)/zh/LC_MESSAGES/selfattention.po || $(VENV)/bin/pybabel init -i build/i18n/selfattention.pot \
 		-d $(LOCALE) -D selfattention -l zh --no-wrap
-	$(VENV)/bin/pybabel update -i $(LOCALE)/selfattention.pot -d $(LOCALE) -D selfattention -l zh \
+	$(VENV)/bin/pybabel update -i build/i18n/selfattention.pot -d $(LOCALE) -D selfattention -l zh \
 		--no-fuzzy-matching --ignore-obsolete --no-wrap
 	$(VENV)/bin/pybabel compile -d $(LOCALE) -D selfattention -l zh --statistics
 

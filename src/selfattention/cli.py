@@ -33,6 +33,8 @@ COMMAND_MODULES = [
 ]
 
 _APP_HELP = N_("Self-attention as the lectures describe it: replay, explain, check, measure.")
+#: click's own text for --help, translated by ``_tidy_help`` like every other option's help
+_HELP_OPTION_HELP = N_("Show this message and exit.")
 
 app = typer.Typer(
     name="selfattention",
