@@ -76,7 +76,8 @@ from typing import Any
 import torch
 
 from . import _hooks
-from .functional import AttentionSteps, attention_steps, attention_weights, scaled_dot_product_attention
+from .backends import scaled_dot_product_attention
+from .functional import AttentionSteps, attention_steps, attention_weights
 
 __all__ = [
     "BACKEND",
