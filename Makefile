@@ -49,11 +49,11 @@ LOCALE := src/selfattention/locale
 i18n: $(STAMP)
 	mkdir -p build/i18n
 	$(VENV)/bin/pybabel extract -F babel.cfg --sort-by-file --no-location --no-wrap -c TRANSLATORS: \
-		--project selfattention -o build/i18n/selfattention.pot src/selfattention
+		--project selfattention --msgid-bugs-address "" -o build/i18n/selfattention.pot src/selfattention
 	test -f $(LOCALE)/zh/LC_MESSAGES/selfattention.po || $(VENV)/bin/pybabel init -i build/i18n/selfattention.pot \
 		-d $(LOCALE) -D selfattention -l zh --no-wrap
 	$(VENV)/bin/pybabel update -i build/i18n/selfattention.pot -d $(LOCALE) -D selfattention -l zh \
-		--no-fuzzy-matching --ignore-obsolete --no-wrap
+		--no-fuzzy-matching --ignore-obsolete --no-wrap --ignore-pot-creation-date
 	$(VENV)/bin/pybabel compile -d $(LOCALE) -D selfattention -l zh --statistics
 
 clean:
