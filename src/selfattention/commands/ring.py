@@ -111,7 +111,7 @@ def register(app: typer.Typer) -> None:
             timeout=timeout,
         )
         with tempfile.TemporaryDirectory() as d:
-            with console.status(f"ring attention on {world_size} process(es) …"):
+            with console.status(_("ring attention on {n} process(es) …").format(n=world_size)):
                 mp.spawn(_worker, args=(world_size, _free_port(), cfg, d), nprocs=world_size, join=True)
             parts = [torch.load(os.path.join(d, f"{r}.pt"), weights_only=False) for r in range(world_size)]
 
@@ -127,11 +127,21 @@ def register(app: typer.Typer) -> None:
             err[key] = (got - want).abs().max().item()
 
         table = Table(
-            title=f"ring attention, T={seq_len}, H={heads}, D={head_dim}, causal={causal}, {layout}"
+            title=_("ring attention, T={T}, H={H}, D={D}, causal={causal}, {layout}").format(
+                T=seq_len, H=heads, D=head_dim, causal=causal, layout=layout
+            )
         )
-        for col in ("rank", "rows", "first positions", "sent MiB", "messages", "tiles computed", "skipped"):
+        for col in (
+            _("rank"),
+            _("rows"),
+            _("first positions"),
+            _("sent MiB"),
+            _("messages"),
+            _("tiles computed"),
+            _("skipped"),
+            _("fwd+bwd s"),
+        ):
             table.add_column(col, justify="right")
-        table.add_column("fwd+bwd s", justify="right")
         for r, p in enumerate(parts):
             pos = sd.sequence_positions(seq_len, world_size, r, layout)
             st = p["stats"]
