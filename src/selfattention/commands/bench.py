@@ -143,4 +143,6 @@ def register(app: typer.Typer) -> None:
         json_path, md_path = write_results(result, out)
         partial.unlink(missing_ok=True)  # the complete results replace it
         console.print(to_markdown(result), markup=False, highlight=False, soft_wrap=True)
-        console.print(f"wrote {json_path} and {md_path}")
+        console.print(
+            _("wrote {json} and {md}").format(json=json_path, md=md_path), markup=False, highlight=False
+        )

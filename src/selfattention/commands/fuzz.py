@@ -38,11 +38,13 @@ def fuzz(
                 path=json_path, folder=json_path.parent
             )
         )
-    with console.status("fuzzing …") as status:
+    with console.status(_("fuzzing …")) as status:
 
         def progress(r) -> None:
             status.update(
-                f"fuzzing … {r.seconds:.0f}/{total:.0f} s, {r.inputs} inputs, {len(r.failures)} failures"
+                _("fuzzing … {seconds:.0f}/{total:.0f} s, {inputs} inputs, {failures} failures").format(
+                    seconds=r.seconds, total=total, inputs=r.inputs, failures=len(r.failures)
+                )
             )
 
         report = run(total, seed=seed, progress=progress)
