@@ -189,6 +189,23 @@ def test_errors_and_help_in_chinese(monkeypatch, capsys):
     assert "按讲义实现的自注意力" in out and "界面语言" in out
 
 
+def test_a_lesson_in_chinese(capsys):
+    """The lecture's claim as quoted, Chinese tables and a Chinese verdict computed from the measurement."""
+    assert main(["--lang", "zh", "lesson", "run", "single-token"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "如果一句话只有一个词" in out  # claim_zh, the lecture's words
+    assert "结论：" in out and "成立" in out and "注意力权重" in out
+    assert "verdict:" not in out and "Exercise 4" not in out and "holds" not in out
+
+
+def test_lesson_list_in_chinese(capsys):
+    assert main(["--lang", "zh", "lesson", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "第 000 讲 · 简化自注意力" in out and "第 003 讲 · 自注意力 Q/K/V" in out
+    assert "可运行" in out and "仅讨论" in out and "为什么注意力分数要除以 √d_k" in out
+    assert "why divide the scores" not in out
+
+
 def test_the_script_speaks_chinese_under_a_chinese_locale():
     """What a user runs: the installed script with LANG=zh_CN.UTF-8 (a subprocess, its own environment)."""
     env = {k: v for k, v in os.environ.items() if k not in ("LANGUAGE", "LC_ALL", "LC_MESSAGES")}
