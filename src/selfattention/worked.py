@@ -138,10 +138,15 @@ class WorkedExample:
     path: Path | None = None
     focus: int | None = None  # a token whose context vector the text works out
     title_zh: str = ""  # the title in Chinese, shown when the interface speaks Chinese (--lang zh)
+    source_zh: str = ""  # and the source
 
     def display_title(self) -> str:
         """The title in the interface language: ``title_zh`` under ``--lang zh`` when the file has one."""
         return self.title_zh if language() == "zh" and self.title_zh else self.title
+
+    def display_source(self) -> str:
+        """The source in the interface language: ``source_zh`` under ``--lang zh`` when the file has one."""
+        return self.source_zh if language() == "zh" and self.source_zh else self.source
 
     @property
     def steps(self) -> AttentionSteps:
@@ -363,6 +368,7 @@ def _parse(data: dict, where: Path) -> WorkedExample:
         W_value=mats["W_value"],
         scale=float(scale) if scale is not None else None,
         source=str(data.get("source", "")),
+        source_zh=str(data.get("source_zh", "")),
         printed=printed,
         path=where,
         focus=focus,

@@ -70,9 +70,11 @@ def show_example(example: WorkedExample, decimals: int = 4) -> int:
     """Print an example's steps and checks; returns the number of wrong printed values."""
     results = example.check()  # raises before anything is printed if the example cannot be computed
     console.rule(f"[bold]{escape(example.display_title())}")
-    if example.source:
+    if example.display_source():
         console.print(
-            "[dim]{source}[/dim]".format(source=escape(_("source: {source}").format(source=example.source)))
+            "[dim]{source}[/dim]".format(
+                source=escape(_("source: {source}").format(source=example.display_source()))
+            )
         )
     vals = example.values()
     simple = example.kind == "simple"

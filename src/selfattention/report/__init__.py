@@ -138,7 +138,8 @@ def example_report(example: Any) -> dict[str, Any]:
                 "Parameter-free self-attention (lecture 000, {title}): query = key = value = X, scale 1."
             ).format(title=lecture_title("000"))
         )
-    source = name_lectures(getattr(example, "source", ""))
+    display_source = getattr(example, "display_source", None)
+    source = name_lectures(display_source() if display_source else getattr(example, "source", ""))
     return steps_report(
         steps,
         example.tokens,
