@@ -24,6 +24,9 @@ of ``LANGUAGE``, ``LC_ALL``, ``LC_MESSAGES``, ``LANG``, as gettext reads them).
 '结论'
 >>> _("verdict")
 'verdict'
+>>> with use_language("zh"):
+...     _("")
+''
 """
 
 from __future__ import annotations
@@ -128,8 +131,9 @@ def use_language(lang: str) -> Iterator[None]:
 
 
 def _(message: str) -> str:
-    """``message`` in the current language (the message itself when it has no translation)."""
-    return _translation.gettext(message)
+    """``message`` in the current language (the message itself when it has no translation; ``""`` stays
+    ``""``, where gettext would return the catalog's header)."""
+    return _translation.gettext(message) if message else message
 
 
 def ngettext(singular: str, plural: str, n: int) -> str:

@@ -90,7 +90,7 @@ def run(
             per_layer = [(a[:-1] - b).abs().max().item() for a, b in zip(kv_full, kv_prefix, strict=True)]
             key = "causal_prefix_change" if causal else "bidirectional_prefix_change"
             m[key] = max(per_layer)
-            rows.append(["causal" if causal else "bidirectional", *(f"{v:.1e}" for v in per_layer)])
+            rows.append([_("causal") if causal else _("bidirectional"), *(f"{v:.1e}" for v in per_layer)])
             if causal:
                 # decode the last token from the cache: one query against all T cached keys
                 h, err = x, 0.0

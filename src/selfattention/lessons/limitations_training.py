@@ -95,6 +95,10 @@ def train_one(
     return {"accuracy": acc, "losses": losses}
 
 
+#: the models' names, the keys of the measurements (shown translated)
+_MODELS = (N_("parameter-free"), N_("Q/K/V"))
+
+
 def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``accuracy`` = {"parameter-free": [per seed], "Q/K/V": [per seed]}, ``chance``."""
     free, qkv = m["accuracy"]["parameter-free"], m["accuracy"]["Q/K/V"]
@@ -148,7 +152,7 @@ def run(
         sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
         rows.append(
             [
-                k,
+                _(k),
                 f"{statistics.mean(acc):.3f} ± {sd:.3f}",
                 " ".join(f"{a:.3f}" for a in acc),
                 f"{statistics.mean(m['final_loss'][k]):.3f}",

@@ -89,6 +89,10 @@ def train_one(
     return {"accuracy": acc, "losses": losses}
 
 
+#: the models' names, the keys of the measurements (shown translated)
+_MODELS = (N_("1 layer"), N_("2 layers"))
+
+
 def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``accuracy`` = {"1 layer": [per seed], "2 layers": [per seed]}."""
     one, two = m["accuracy"]["1 layer"], m["accuracy"]["2 layers"]
@@ -126,7 +130,7 @@ def run(
     rows = []
     for k, acc in m["accuracy"].items():
         sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
-        rows.append([k, f"{statistics.mean(acc):.3f} ± {sd:.3f}", " ".join(f"{a:.3f}" for a in acc)])
+        rows.append([_(k), f"{statistics.mean(acc):.3f} ± {sd:.3f}", " ".join(f"{a:.3f}" for a in acc)])
     table = ResultTable(
         _(
             "two-hop pointer task: {seeds} seeds × {steps} steps × batch {batch}, d = {d}, Adam lr {lr}; test on 2000 fresh sequences (chance {value:.2f})"

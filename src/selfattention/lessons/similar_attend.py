@@ -129,7 +129,7 @@ def run(
                     [
                         _("‖x‖ range"),
                         f"{m['model_norm_min']:.2f} – {m['model_norm_max']:.2f}",
-                        _(""),
+                        "",
                     ],
                     [
                         _("rows with argmax = self"),
