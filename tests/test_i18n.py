@@ -187,6 +187,10 @@ def test_errors_and_help_in_chinese(monkeypatch, capsys):
     assert main(["--lang", "zh", "--help"]) == 0
     out = capsys.readouterr().out
     assert "按讲义实现的自注意力" in out and "界面语言" in out
+    assert "选项" in out and "命令" in out and "Options" not in out  # typer's panel titles too
+    assert main(["--help"]) == 0  # and back: English again in the same process
+    out = capsys.readouterr().out
+    assert "Options" in out and "Commands" in out and "选项" not in out and "界面语言" not in out
 
 
 def test_a_lesson_in_chinese(capsys):

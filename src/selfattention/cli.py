@@ -149,6 +149,28 @@ def command() -> Any:
     return cmd
 
 
+#: typer's own words in its help screens (module attributes of typer.rich_utils, read when help is drawn),
+#: set to the interface language by :func:`_typer_words`; an attribute a typer version lacks is skipped
+_TYPER_WORDS = {
+    "ARGUMENTS_PANEL_TITLE": N_("Arguments"),
+    "OPTIONS_PANEL_TITLE": N_("Options"),
+    "COMMANDS_PANEL_TITLE": N_("Commands"),
+    "DEFAULT_STRING": N_("[default: {}]"),
+    "REQUIRED_LONG_STRING": N_("[required]"),
+}
+
+
+def _typer_words() -> None:
+    """typer's panel titles and ``[default: …]`` in the interface language (English: typer's own text)."""
+    try:
+        import typer.rich_utils as rich_utils
+    except ImportError:  # a typer without rich help: nothing to translate
+        return
+    for attr, text in _TYPER_WORDS.items():
+        if isinstance(getattr(rich_utils, attr, None), str):
+            setattr(rich_utils, attr, _(text))
+
+
 def _language_of(argv: list[str]) -> str:
     """The language the command line asks for (``--lang X`` / ``--lang=X`` before the command), else the
     locale's; an unknown value is left to the ``--lang`` option to refuse."""
@@ -171,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         i18n.set_language(_language_of(argv))
+        _typer_words()
         rc = command().main(args=argv, prog_name="selfattention", standalone_mode=False)
     except typer.Exit as e:
         return e.exit_code
