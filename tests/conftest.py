@@ -7,6 +7,8 @@ Tests of the Chinese interface set the variables themselves (``monkeypatch.seten
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from selfattention import i18n
@@ -19,3 +21,6 @@ def _english_by_default(monkeypatch):
     i18n.set_language("en")
     yield
     i18n.set_language("en")
+    cli = sys.modules.get("selfattention.cli")
+    if cli is not None:  # typer's panel titles follow the language of the last command run
+        cli._typer_words()
