@@ -172,6 +172,11 @@ def test_lang_zh_on_an_english_locale(monkeypatch, capsys):
     assert "注意力权重" in capsys.readouterr().out
 
 
+def test_lang_alone_shows_the_help(capsys):
+    assert main(["--lang", "zh"]) == 0
+    assert "按讲义实现的自注意力" in capsys.readouterr().out
+
+
 def test_unknown_lang_is_a_clear_error(capsys):
     assert main(["--lang", "xx", "demo"]) == 2
     captured = capsys.readouterr()

@@ -185,6 +185,14 @@ def _language_of(argv: list[str]) -> str:
     return lang if lang in i18n.LANGUAGES else i18n.language_from_env()
 
 
+def _only_lang(argv: list[str]) -> bool:
+    """Whether ``argv`` holds nothing but ``--lang X`` / ``--lang=X``."""
+    rest = list(argv)
+    while rest and (rest[0] == "--lang" and len(rest) >= 2 or rest[0].startswith("--lang=")):
+        rest = rest[2:] if rest[0] == "--lang" else rest[1:]
+    return not rest
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``selfattention`` script; returns the exit code.
 
@@ -194,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         i18n.set_language(_language_of(argv))
         _typer_words()
+        if argv and _only_lang(argv):  # `selfattention --lang zh` alone: the help, as with no arguments
+            argv = [*argv, "--help"]
         rc = command().main(args=argv, prog_name="selfattention", standalone_mode=False)
     except typer.Exit as e:
         return e.exit_code
