@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format install clean bench fuzz report wheel zh
+.PHONY: demo test lint format install clean bench fuzz report wheel zh i18n
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,19 @@ report: $(STAMP)
 # A wheel in dist/ (package data included: examples, report assets, the decoder checkpoint).
 wheel: $(STAMP)
 	$(PY) -m build --wheel --outdir dist
+
+# The message catalogs (docs/i18n.md): extract every _()/N_()/ngettext() message of the package into the
+# template, merge it into each language's .po (new messages arrive untranslated, never guessed), compile the .mo.
+LOCALE := src/selfattention/locale
+i18n: $(STAMP)
+	mkdir -p build/i18n
+	$(VENV)/bin/pybabel extract -F babel.cfg --sort-by-file --no-location --no-wrap -c TRANSLATORS: \
+		--project selfattention --msgid-bugs-address "" -o build/i18n/selfattention.pot src/selfattention
+	test -f $(LOCALE)/zh/LC_MESSAGES/selfattention.po || $(VENV)/bin/pybabel init -i build/i18n/selfattention.pot \
+		-d $(LOCALE) -D selfattention -l zh --no-wrap
+	$(VENV)/bin/pybabel update -i build/i18n/selfattention.pot -d $(LOCALE) -D selfattention -l zh \
+		--no-fuzzy-matching --ignore-obsolete --no-wrap --ignore-pot-creation-date
+	$(VENV)/bin/pybabel compile -d $(LOCALE) -D selfattention -l zh --statistics
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis

@@ -118,3 +118,26 @@ def test_generate_echoes_the_prompt_as_written(tmp_path, at_80_columns, capsys):
     prompt = "".join(c for c in prompt if c in tok.chars)
     assert main(["generate", "--checkpoint", str(path), "-p", prompt, "-n", "3"]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith(prompt)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["demo"], ["check", "journey", "two-token"], ["lesson", "list"], ["lesson", "show", "n-squared-bill"]],
+)
+def test_chinese_output_fits_80_columns(at_80_columns, capsys, argv):
+    """Chinese characters take two columns each: the tables and wrapped lines must still fit."""
+    assert main(["--lang", "zh", *argv]) == 0
+    out = capsys.readouterr().out
+    _assert_fits(out)
+    assert any("\u4e00" <= ch <= "\u9fff" for ch in out)
+
+
+def test_every_chinese_help_fits(at_80_columns, capsys):
+    root = command()
+    names = [[]] + [[name] for name in root.commands]
+    names += [["lesson", sub] for sub in root.commands["lesson"].commands]
+    for argv in names:
+        assert main(["--lang", "zh", *argv, "--help"]) == 0, argv
+        out = capsys.readouterr().out
+        _assert_fits(out)
+        assert "显示此帮助信息并退出" in out, argv

@@ -169,7 +169,9 @@ def test_heatmap_labels_axes_colorbar_and_values():
     ax, bar = fig.axes
     assert [t.get_text() for t in ax.get_xticklabels()] == ["a", "b", "c"]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["q0", "q1"]
-    assert fig.get_suptitle() == "hello" and bar.get_ylabel() == "attention weight"
+    assert (
+        fig.get_suptitle() == "hello" and bar.get_ylabel() == "attention weight"
+    )  # the title is the figure's
     assert sorted(_text_of(fig)) == sorted(f"{v:.2f}" for v in w.flatten().tolist())
     img = ax.get_images()[0].get_array()
     assert img.shape == (2, 3) and float(img[1, 1]) == pytest.approx(0.9)

@@ -363,3 +363,21 @@ def test_a_long_input_report_has_statistics_and_matrices_of_the_stored_heads_onl
     assert keys == torch.topk(full_weights[0, 1, 5], 3).indices.tolist()
     assert "No matrix" not in pg.page.locator("#trace").inner_text()
     pg.assert_clean()
+
+
+def test_a_report_made_in_chinese_shows_chinese_words(open_page, tmp_path):
+    """``--lang zh``: the page's own words (headings, trace tables, caveat) come from the catalog."""
+    from selfattention import i18n
+
+    with i18n.use_language("zh"):
+        path = tmp_path / "zh.html"
+        write_report(example_report(load_example("two-token")), path)
+    pg = open_page(path)
+    pg.assert_clean()
+    assert pg.page.evaluate("document.documentElement.lang") == "zh"
+    assert pg.page.locator(".tokens-card h2").inner_text() == "Token"
+    assert "请谨慎解读" in pg.page.locator("#caveat").inner_text()
+    assert "不能想当然地把注意力权重等同于" in pg.page.locator("#caveat").inner_text()
+    trace = pg.page.locator("#trace").inner_text()
+    assert "注意力分数" in trace and "上下文向量" in trace
+    assert "Read with care" not in pg.page.locator("#caveat").inner_text()

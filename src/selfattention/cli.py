@@ -15,7 +15,9 @@ from typing import Any
 import typer
 from rich.markup import escape
 
+from . import i18n
 from .commands import UsageError, err_console
+from .i18n import N_, _
 
 COMMAND_MODULES = [
     "demo",
@@ -30,9 +32,13 @@ COMMAND_MODULES = [
     "ring",
 ]
 
+_APP_HELP = N_("Self-attention as the lectures describe it: replay, explain, check, measure.")
+#: click's own text for --help, translated by ``_tidy_help`` like every other option's help
+_HELP_OPTION_HELP = N_("Show this message and exit.")
+
 app = typer.Typer(
     name="selfattention",
-    help="Self-attention as the lectures describe it: replay, explain, check, measure.",
+    help=_APP_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -63,13 +69,34 @@ def package_version() -> str:
         return __version__
 
 
-@app.callback()
+def _lang(value: str | None) -> str | None:
+    """``--lang``: checked and applied before any other option (``main`` applied it already for --help)."""
+    if value is not None:
+        try:
+            i18n.set_language(value)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+    return value
+
+
+@app.callback(help=_APP_HELP)
 def _root(
     version: bool = typer.Option(
-        False, "--version", help="Print the version and exit.", callback=_version, is_eager=True
+        False, "--version", help=N_("Print the version and exit."), callback=_version, is_eager=True
+    ),
+    lang: str | None = typer.Option(
+        None,
+        "--lang",
+        metavar="zh|en",
+        help=N_(
+            "Language of the messages: zh (Chinese) or en (English). Default: from the locale "
+            "(LANGUAGE, LC_ALL, LC_MESSAGES, LANG; e.g. LANG=zh_CN.UTF-8 gives zh)."
+        ),
+        callback=_lang,
+        is_eager=True,
     ),
 ) -> None:
-    """Self-attention as the lectures describe it: replay, explain, check, measure."""
+    pass
 
 
 for _name in COMMAND_MODULES:
@@ -83,22 +110,32 @@ for _name in COMMAND_MODULES:
 
 
 def _unwrap(text: str | None) -> str | None:
-    """A docstring's paragraphs as single lines (typer's rich help keeps the source's line breaks)."""
+    """A help text in the current language, its paragraphs as single lines (typer's rich help keeps the
+    source's line breaks). Help texts are marked with ``N_`` where they are written."""
     if not text:
         return text
+    text = _(text)
     return "\n\n".join(" ".join(p.split()) for p in inspect.cleandoc(text).split("\n\n"))
 
 
 def _tidy_help(command: Any) -> None:
-    """Help that reads well at 80 columns, for a command and its subcommands.
+    """Help that reads well at 80 columns, in the interface language, for a command and its subcommands.
 
     Flags take no value, so none is shown (typer would print ``--check <bool>``, ``--help <bool>``), and
-    docstring paragraphs are re-flowed instead of breaking where the source lines break.
+    docstring paragraphs are re-flowed instead of breaking where the source lines break. A command whose
+    function has ``help_values`` has a help template: its placeholders are filled after translation.
     """
+    values = getattr(getattr(command, "callback", None), "help_values", None)
     command.help = _unwrap(command.help)
+    if command.help and values and "{" in command.help:
+        command.help = command.help.format(**values)
     # the help option is made on demand and cached per command: make it now, with a bare context
     help_option = command.get_help_option(command.context_class(command))
     for param in [*command.params, *([help_option] if help_option is not None else [])]:
+        if getattr(param, "help", None):
+            param.help = _(param.help)
+            if values and "{" in param.help:
+                param.help = param.help.format(**values)
         if getattr(param, "is_flag", False):
             param.metavar = ""
     for sub in getattr(command, "commands", {}).values():
@@ -112,18 +149,73 @@ def command() -> Any:
     return cmd
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``selfattention`` script; returns the exit code."""
+#: typer's own words in its help screens (module attributes of typer.rich_utils, read when help is drawn),
+#: set to the interface language by :func:`_typer_words`; an attribute a typer version lacks is skipped
+_TYPER_WORDS = {
+    "ARGUMENTS_PANEL_TITLE": N_("Arguments"),
+    "OPTIONS_PANEL_TITLE": N_("Options"),
+    "COMMANDS_PANEL_TITLE": N_("Commands"),
+    "DEFAULT_STRING": N_("[default: {}]"),
+    "REQUIRED_LONG_STRING": N_("[required]"),
+}
+
+
+def _typer_words() -> None:
+    """typer's panel titles and ``[default: …]`` in the interface language (English: typer's own text)."""
     try:
+        import typer.rich_utils as rich_utils
+    except ImportError:  # a typer without rich help: nothing to translate
+        return
+    for attr, text in _TYPER_WORDS.items():
+        if isinstance(getattr(rich_utils, attr, None), str):
+            setattr(rich_utils, attr, _(text))
+
+
+def _language_of(argv: list[str]) -> str:
+    """The language the command line asks for (``--lang X`` / ``--lang=X`` before the command), else the
+    locale's; an unknown value is left to the ``--lang`` option to refuse."""
+    lang = i18n.language_from_env()
+    for i, arg in enumerate(argv):
+        if not arg.startswith("-"):
+            break  # the command: options after it are the command's
+        if arg == "--lang" and i + 1 < len(argv):
+            lang = argv[i + 1]
+        elif arg.startswith("--lang="):
+            lang = arg.split("=", 1)[1]
+    return lang if lang in i18n.LANGUAGES else i18n.language_from_env()
+
+
+def _only_lang(argv: list[str]) -> bool:
+    """Whether ``argv`` holds nothing but ``--lang X`` / ``--lang=X``."""
+    rest = list(argv)
+    while rest and (rest[0] == "--lang" and len(rest) >= 2 or rest[0].startswith("--lang=")):
+        rest = rest[2:] if rest[0] == "--lang" else rest[1:]
+    return not rest
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``selfattention`` script; returns the exit code.
+
+    The interface language is set first (``--lang``, else the locale), so that help texts are built in it.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        i18n.set_language(_language_of(argv))
+        _typer_words()
+        if argv and _only_lang(argv):  # `selfattention --lang zh` alone: the help, as with no arguments
+            argv = [*argv, "--help"]
         rc = command().main(args=argv, prog_name="selfattention", standalone_mode=False)
     except typer.Exit as e:
         return e.exit_code
     except typer.Abort:
-        err_console.print("[red]aborted[/red]")
+        err_console.print("[red]{aborted}[/red]".format(aborted=_("aborted")))
         return 1
     except (UsageError, ValueError, TypeError, OSError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        err_console.print(f"[bold red]error:[/bold red] {escape(str(msg))}", highlight=False)
+        err_console.print(
+            "[bold red]{error}[/bold red] {msg}".format(error=_("error:"), msg=escape(str(msg))),
+            highlight=False,
+        )
         return 2
     except Exception as e:  # click's own usage errors (bad option values, unknown options)
         # typer >= 0.2x vendors click as ``typer._click``: its exceptions are not ``click``'s, so match

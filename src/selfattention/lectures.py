@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .i18n import _
+
 __all__ = ["Lecture", "LECTURES", "get", "label", "lecture_title", "name_lectures"]
 
 
@@ -49,13 +51,17 @@ LECTURES: dict[str, Lecture] = {
 def get(number: str) -> Lecture:
     """The lecture numbered ``number`` ("000" or "003"); ``KeyError`` naming the numbers otherwise."""
     if number not in LECTURES:
-        raise KeyError(f"no lecture {number!r}; the lectures are {', '.join(LECTURES)}")
+        raise KeyError(
+            _("no lecture {number!r}; the lectures are {numbers}").format(
+                number=number, numbers=", ".join(LECTURES)
+            )
+        )
     return LECTURES[number]
 
 
 def label(number: str) -> str:
     """``lecture NNN · title`` — how commands name a lecture."""
-    return f"lecture {number} · {get(number).title}"
+    return _("lecture {number} · {title}").format(number=number, title=get(number).title)
 
 
 def lecture_title(number: str) -> str:

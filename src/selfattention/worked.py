@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from .functional import AttentionSteps, attention_steps
+from .i18n import _, language
 
 __all__ = [
     "WorkedExample",
@@ -136,6 +137,16 @@ class WorkedExample:
     printed: list[PrintedNumber] = field(default_factory=list)
     path: Path | None = None
     focus: int | None = None  # a token whose context vector the text works out
+    title_zh: str = ""  # the title in Chinese, shown when the interface speaks Chinese (--lang zh)
+    source_zh: str = ""  # and the source
+
+    def display_title(self) -> str:
+        """The title in the interface language: ``title_zh`` under ``--lang zh`` when the file has one."""
+        return self.title_zh if language() == "zh" and self.title_zh else self.title
+
+    def display_source(self) -> str:
+        """The source in the interface language: ``source_zh`` under ``--lang zh`` when the file has one."""
+        return self.source_zh if language() == "zh" and self.source_zh else self.source
 
     @property
     def steps(self) -> AttentionSteps:
@@ -173,8 +184,9 @@ class WorkedExample:
         for name in ("scores", "weights", "context", *{n.step for n in self.printed}):
             if not bool(torch.isfinite(vals[name]).all()):
                 raise WorkedExampleError(
-                    f"{self._where()}: step {name!r} is not finite in float64 (the inputs or projections "
-                    "are too large: their products overflow); use smaller numbers"
+                    _(
+                        "{where}: step {name!r} is not finite in float64 (the inputs or projections are too large: their products overflow); use smaller numbers"
+                    ).format(where=self._where(), name=name)
                 )
         out = []
         for n in self.printed:
@@ -183,8 +195,15 @@ class WorkedExample:
                 exact = float(t[n.at] if n.at else t)
             except (IndexError, RuntimeError, ValueError):
                 raise WorkedExampleError(
-                    f"{self._where()}: printed number {n.text or n.step!r}: index {list(n.at)} is out of range "
-                    f"for step {n.step!r} of shape {tuple(t.shape)}"
+                    _(
+                        "{where}: printed number {value!r}: index {at} is out of range for step {step!r} of shape {shape}"
+                    ).format(
+                        where=self._where(),
+                        value=n.text or n.step,
+                        at=list(n.at),
+                        step=n.step,
+                        shape=tuple(t.shape),
+                    )
                 ) from None
             out.append(CheckResult(n, exact, n.printed - exact, classify(n.printed, exact, n.decimals)))
         return out
@@ -221,26 +240,28 @@ def load_example(name_or_path: str | Path) -> WorkedExample:
         if not p.exists():
             shipped = ", ".join(list_examples())
             raise WorkedExampleError(
-                f"no such worked example or file: {str(name_or_path)!r} (shipped: {shipped})"
+                _("no such worked example or file: {name!r} (shipped: {shipped})").format(
+                    name=str(name_or_path), shipped=shipped
+                )
             )
         if p.is_dir():
-            raise WorkedExampleError(f"{p} is a directory, expected a .toml file")
+            raise WorkedExampleError(_("{path} is a directory, expected a .toml file").format(path=p))
         try:
             text = p.read_text(encoding="utf-8")
         except UnicodeDecodeError:
-            raise WorkedExampleError(f"{p}: not a UTF-8 text file") from None
+            raise WorkedExampleError(_("{path}: not a UTF-8 text file").format(path=p)) from None
         where = p
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise WorkedExampleError(f"{where}: malformed TOML: {e}") from None
+        raise WorkedExampleError(_("{where}: malformed TOML: {error}").format(where=where, error=e)) from None
     return _parse(data, where)
 
 
 def _matrix(data: dict, key: str, where: Path, required: bool = True) -> torch.Tensor | None:
     if key not in data:
         if required:
-            raise WorkedExampleError(f"{where}: missing field {key!r}")
+            raise WorkedExampleError(_("{where}: missing field {key!r}").format(where=where, key=key))
         return None
     rows = data[key]
     if (
@@ -248,14 +269,20 @@ def _matrix(data: dict, key: str, where: Path, required: bool = True) -> torch.T
         or not rows
         or not all(isinstance(r, list) and r and all(_is_number(v) for v in r) for r in rows)
     ):
-        raise WorkedExampleError(f"{where}: {key!r} must be a non-empty list of rows of numbers")
+        raise WorkedExampleError(
+            _("{where}: {key!r} must be a non-empty list of rows of numbers").format(where=where, key=key)
+        )
     if len({len(r) for r in rows}) != 1:
         raise WorkedExampleError(
-            f"{where}: the rows of {key!r} have different lengths {[len(r) for r in rows]}"
+            _("{where}: the rows of {key!r} have different lengths {value}").format(
+                where=where, key=key, value=[len(r) for r in rows]
+            )
         )
     m = torch.tensor(rows, dtype=torch.float64)
     if not torch.isfinite(m).all():
-        raise WorkedExampleError(f"{where}: {key!r} contains a non-finite number")
+        raise WorkedExampleError(
+            _("{where}: {key!r} contains a non-finite number").format(where=where, key=key)
+        )
     return m
 
 
@@ -273,45 +300,66 @@ def _decimals(s: str) -> int:
 def _parse(data: dict, where: Path) -> WorkedExample:
     kind = data.get("kind", "simple")
     if kind not in ("simple", "qkv"):
-        raise WorkedExampleError(f"{where}: kind must be 'simple' or 'qkv', got {kind!r}")
+        raise WorkedExampleError(
+            _("{where}: kind must be 'simple' or 'qkv', got {kind!r}").format(where=where, kind=kind)
+        )
     inputs = _matrix(data, "inputs", where)
     assert inputs is not None
     n_tokens, d_in = inputs.shape
     tokens = data.get("tokens", [f"x{i + 1}" for i in range(n_tokens)])
     if not isinstance(tokens, list) or len(tokens) != n_tokens:
-        raise WorkedExampleError(f"{where}: 'tokens' must list one name per input row ({n_tokens})")
+        raise WorkedExampleError(
+            _("{where}: 'tokens' must list one name per input row ({n_tokens})").format(
+                where=where, n_tokens=n_tokens
+            )
+        )
     mats: dict[str, torch.Tensor | None] = {}
     for key in ("W_query", "W_key", "W_value"):
         mats[key] = _matrix(data, key, where, required=kind == "qkv")
         if kind == "simple" and mats[key] is not None:
-            raise WorkedExampleError(f"{where}: {key!r} given but kind = 'simple' (use kind = 'qkv')")
+            raise WorkedExampleError(
+                _("{where}: {key!r} given but kind = 'simple' (use kind = 'qkv')").format(
+                    where=where, key=key
+                )
+            )
         if mats[key] is not None and mats[key].shape[0] != d_in:
             raise WorkedExampleError(
-                f"{where}: {key!r} has {mats[key].shape[0]} rows but the inputs have d_in = {d_in} columns "
-                "(inputs are rows: x·W needs W of shape (d_in, d_out))"
+                _(
+                    "{where}: {key!r} has {shape_0} rows but the inputs have d_in = {d_in} columns (inputs are rows: x·W needs W of shape (d_in, d_out))"
+                ).format(where=where, key=key, shape_0=mats[key].shape[0], d_in=d_in)
             )
     if kind == "qkv" and mats["W_query"].shape[1] != mats["W_key"].shape[1]:
         raise WorkedExampleError(
-            f"{where}: W_query {tuple(mats['W_query'].shape)} and W_key {tuple(mats['W_key'].shape)} must have "
-            "the same number of columns (d_k)"
+            _(
+                "{where}: W_query {shape_q} and W_key {shape_k} must have the same number of columns (d_k)"
+            ).format(where=where, shape_q=tuple(mats["W_query"].shape), shape_k=tuple(mats["W_key"].shape))
         )
     scale = data.get("scale")
     if scale is not None and (not _is_number(scale) or not math.isfinite(scale)):
-        raise WorkedExampleError(f"{where}: scale must be a finite number, got {scale!r}")
+        raise WorkedExampleError(
+            _("{where}: scale must be a finite number, got {scale!r}").format(where=where, scale=scale)
+        )
     focus = data.get("focus")
     if focus is not None and (
         not isinstance(focus, int) or isinstance(focus, bool) or not 0 <= focus < n_tokens
     ):
-        raise WorkedExampleError(f"{where}: focus must be a token index in 0..{n_tokens - 1}, got {focus!r}")
+        raise WorkedExampleError(
+            _("{where}: focus must be a token index in 0..{last}, got {focus!r}").format(
+                where=where, last=n_tokens - 1, focus=focus
+            )
+        )
     printed = []
     entries = data.get("printed", [])
     if not isinstance(entries, list):
-        raise WorkedExampleError(f"{where}: 'printed' must be an array of tables ([[printed]])")
+        raise WorkedExampleError(
+            _("{where}: 'printed' must be an array of tables ([[printed]])").format(where=where)
+        )
     for i, entry in enumerate(entries, 1):
         printed.append(_parse_printed(entry, i, where))
     return WorkedExample(
         name=str(data.get("name", where.stem)),
         title=str(data.get("title", where.stem)),
+        title_zh=str(data.get("title_zh", "")),
         kind=kind,
         tokens=[str(t) for t in tokens],
         inputs=inputs,
@@ -320,6 +368,7 @@ def _parse(data: dict, where: Path) -> WorkedExample:
         W_value=mats["W_value"],
         scale=float(scale) if scale is not None else None,
         source=str(data.get("source", "")),
+        source_zh=str(data.get("source_zh", "")),
         printed=printed,
         path=where,
         focus=focus,
@@ -329,17 +378,24 @@ def _parse(data: dict, where: Path) -> WorkedExample:
 def _parse_printed(entry: object, i: int, where: Path) -> PrintedNumber:
     ctx = f"{where}: [[printed]] entry {i}"
     if not isinstance(entry, dict):
-        raise WorkedExampleError(f"{ctx} must be a table")
+        raise WorkedExampleError(_("{ctx} must be a table").format(ctx=ctx))
     step = entry.get("step")
     if step not in STEPS:
-        raise WorkedExampleError(f"{ctx}: step must be one of {', '.join(STEPS)}; got {step!r}")
+        raise WorkedExampleError(
+            _("{ctx}: step must be one of {steps}; got {step!r}").format(
+                ctx=ctx, steps=", ".join(STEPS), step=step
+            )
+        )
     if "value" not in entry:
-        raise WorkedExampleError(f"{ctx}: missing 'value' (the number as printed, e.g. \"0.670\")")
+        raise WorkedExampleError(
+            _("{ctx}: missing 'value' (the number as printed, e.g. \"0.670\")").format(ctx=ctx)
+        )
     raw = entry["value"]
     if _is_number(raw) and "decimals" not in entry:
         raise WorkedExampleError(
-            f"{ctx}: a numeric value needs 'decimals' (TOML drops trailing zeros); "
-            f'or write the value as a string, e.g. "{raw}"'
+            _(
+                "{ctx}: a numeric value needs 'decimals' (TOML drops trailing zeros); or write the value as a string, e.g. \"{raw}\""
+            ).format(ctx=ctx, raw=raw)
         )
     try:
         if isinstance(raw, str):
@@ -351,18 +407,30 @@ def _parse_printed(entry: object, i: int, where: Path) -> PrintedNumber:
             raise ValueError
     except (ValueError, TypeError):
         raise WorkedExampleError(
-            f'{ctx}: value must be a decimal number or a string like "0.670", got {raw!r}'
+            _('{ctx}: value must be a decimal number or a string like "0.670", got {raw!r}').format(
+                ctx=ctx, raw=raw
+            )
         ) from None
     if not math.isfinite(printed) or decimals < 0 or decimals > 15:
-        raise WorkedExampleError(f"{ctx}: value {raw!r} / decimals {decimals} out of range")
+        raise WorkedExampleError(
+            _("{ctx}: value {raw!r} / decimals {decimals} out of range").format(
+                ctx=ctx, raw=raw, decimals=decimals
+            )
+        )
     at = entry.get("at", [])
     if not isinstance(at, list) or not all(
         isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in at
     ):
-        raise WorkedExampleError(f"{ctx}: 'at' must be a list of non-negative integers, got {at!r}")
+        raise WorkedExampleError(
+            _("{ctx}: 'at' must be a list of non-negative integers, got {at!r}").format(ctx=ctx, at=at)
+        )
     expected_rank = {"scale": 0, "normaliser": 1}.get(step, 2)
     if len(at) != expected_rank:
-        raise WorkedExampleError(f"{ctx}: step {step!r} needs 'at' with {expected_rank} indices, got {at!r}")
+        raise WorkedExampleError(
+            _("{ctx}: step {step!r} needs 'at' with {expected_rank} indices, got {at!r}").format(
+                ctx=ctx, step=step, expected_rank=expected_rank, at=at
+            )
+        )
     return PrintedNumber(
         step=step, at=tuple(at), printed=printed, decimals=decimals, text=str(entry.get("text", ""))
     )

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from ..i18n import N_, _
 from . import UsageError, console
 
 
@@ -14,77 +15,87 @@ def _ints(name: str, text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(s) for s in text.split(",") if s.strip())
     except ValueError:
-        raise UsageError(f"--{name} must be comma-separated integers, got {text!r}") from None
+        raise UsageError(
+            _("--{name} must be comma-separated integers, got {value!r}").format(name=name, value=text)
+        ) from None
     if not values or min(values) <= 0:
-        raise UsageError(f"--{name} must be positive integers, got {text!r}")
+        raise UsageError(_("--{name} must be positive integers, got {value!r}").format(name=name, value=text))
     return values
 
 
 def _subset(name: str, text: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     chosen = tuple(x.strip() for x in text.split(",") if x.strip())
     if not chosen or any(x not in allowed for x in chosen):
-        raise UsageError(f"--{name} takes a subset of {','.join(allowed)}, got {text!r}")
+        raise UsageError(
+            _("--{name} takes a subset of {allowed}, got {value!r}").format(
+                name=name, allowed=",".join(allowed), value=text
+            )
+        )
     return chosen
 
 
+_HELP = N_(
+    "Time the tiled path against torch SDPA and flex_attention: median time, ratios, memory, kernel.\n\n"
+    "B = 1, H = 8, D = 64, float32, default threads: dense and causal at T = 1024 and 4096; a sliding "
+    "window (W = 512) and 8 packed documents at T = 16384 (SDPA gets the same bool mask); statistics; "
+    "forward and forward + backward (flex has no CPU backward). Writes a markdown table and JSON."
+)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("bench")
+    @app.command("bench", help=_HELP)
     def bench(
         quick: bool = typer.Option(
             False,
             "--quick",
-            help="CI-sized run (T = 128, 256 and 512; H = 2; D = 32; no flex compile): seconds.",
+            help=N_("CI-sized run (T = 128, 256 and 512; H = 2; D = 32; no flex compile): seconds."),
         ),
         long: bool = typer.Option(
             False,
             "--long",
-            help="Add the memory case: causal forward + backward at T = 65536, H = 1 (minutes).",
+            help=N_("Add the memory case: causal forward + backward at T = 65536, H = 1 (minutes)."),
         ),
         out: Path = typer.Option(
             Path("out/bench"),
             "--out",
-            help="Folder for bench.json and bench.md (the committed figures are in benchmarks/results).",
+            help=N_("Folder for bench.json and bench.md (the committed figures are in benchmarks/results)."),
         ),
         sizes: str | None = typer.Option(
-            None, "--sizes", help="Comma-separated T for the dense and causal cases. Default: 1024,4096."
+            None, "--sizes", help=N_("Comma-separated T for the dense and causal cases. Default: 1024,4096.")
         ),
         long_t: int | None = typer.Option(
             None,
             "--long-t",
-            help="T of the window, documents and stats cases. Default: 16384 (stats at 4096).",
+            help=N_("T of the window, documents and stats cases. Default: 16384 (stats at 4096)."),
         ),
         memory_t: int | None = typer.Option(
-            None, "--memory-t", help="T of the memory case (implies it). Default with --long: 65536."
+            None, "--memory-t", help=N_("T of the memory case (implies it). Default with --long: 65536.")
         ),
         repeats: int | None = typer.Option(
             None,
             "--repeats",
-            help="Timed rounds per case. Default: 3 (2 with --quick); 0: the memory call only.",
+            help=N_("Timed rounds per case. Default: 3 (2 with --quick); 0: the memory call only."),
         ),
         variants: str | None = typer.Option(
-            None, "--variants", help="Subset of dense,causal,window,documents,stats. Default: all."
+            None, "--variants", help=N_("Subset of dense,causal,window,documents,stats. Default: all.")
         ),
-        passes: str | None = typer.Option(None, "--passes", help="Subset of fwd,fwd+bwd. Default: both."),
+        passes: str | None = typer.Option(None, "--passes", help=N_("Subset of fwd,fwd+bwd. Default: both.")),
         heads: int | None = typer.Option(
-            None, "--heads", help="Attention heads. Default: 8 (2 with --quick)."
+            None, "--heads", help=N_("Attention heads. Default: 8 (2 with --quick).")
         ),
         threads: int | None = typer.Option(
-            None, "--threads", help="torch threads. Default: torch's own choice."
+            None, "--threads", help=N_("torch threads. Default: torch's own choice.")
         ),
-        block_q: int | None = typer.Option(None, "--block-q", help="Query rows per block of the tiled plan."),
+        block_q: int | None = typer.Option(
+            None, "--block-q", help=N_("Query rows per block of the tiled plan.")
+        ),
         block_k: int | None = typer.Option(
-            None, "--block-k", help="Key columns per block of the tiled plan."
+            None, "--block-k", help=N_("Key columns per block of the tiled plan.")
         ),
         no_flex: bool = typer.Option(
-            False, "--no-flex", help="Leave flex_attention out (saves its compile time)."
+            False, "--no-flex", help=N_("Leave flex_attention out (saves its compile time).")
         ),
     ) -> None:
-        """Time the tiled path against torch SDPA and flex_attention: median time, ratios, memory, kernel.
-
-        B = 1, H = 8, D = 64, float32, default threads: dense and causal at T = 1024 and 4096; a sliding
-        window (W = 512) and 8 packed documents at T = 16384 (SDPA gets the same bool mask); statistics;
-        forward and forward + backward (flex has no CPU backward). Writes a markdown table and JSON.
-        """
         from ..bench import VARIANTS, BenchConfig, run_bench, to_markdown, write_results
 
         cfg = BenchConfig.quick() if quick else BenchConfig()
@@ -101,12 +112,16 @@ def register(app: typer.Typer) -> None:
             ("block-k", block_k),
         ):
             if value is not None and value <= 0:
-                raise UsageError(f"--{name} must be a positive integer, got {value}")
+                raise UsageError(
+                    _("--{name} must be a positive integer, got {value}").format(name=name, value=value)
+                )
         for name, value in (("long-t", long_t), ("memory-t", memory_t)):
             if value is not None and value <= 1:
-                raise UsageError(f"--{name} must be an integer > 1, got {value}")
+                raise UsageError(
+                    _("--{name} must be an integer > 1, got {value}").format(name=name, value=value)
+                )
         if repeats is not None and repeats < 0:
-            raise UsageError(f"--repeats must be >= 0, got {repeats}")
+            raise UsageError(_("--repeats must be >= 0, got {value}").format(value=repeats))
         cfg.threads = threads
         cfg.heads = heads or cfg.heads
         cfg.long_t = long_t or cfg.long_t
@@ -128,4 +143,6 @@ def register(app: typer.Typer) -> None:
         json_path, md_path = write_results(result, out)
         partial.unlink(missing_ok=True)  # the complete results replace it
         console.print(to_markdown(result), markup=False, highlight=False, soft_wrap=True)
-        console.print(f"wrote {json_path} and {md_path}")
+        console.print(
+            _("wrote {json} and {md}").format(json=json_path, md=md_path), markup=False, highlight=False
+        )

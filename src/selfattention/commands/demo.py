@@ -3,27 +3,31 @@
 from __future__ import annotations
 
 import typer
+from rich.cells import cell_len
 from rich.columns import Columns
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from ..i18n import N_, _, ngettext
 from ..trace import matrix_table
 from ..worked import OK, WITHIN, CheckResult, WorkedExample, list_examples, load_example
 from . import UsageError, console
 
 _STYLE = {OK: "green", WITHIN: "yellow", "wrong": "bold red"}
+#: a check's status as shown (the statuses themselves are the data: ``worked.OK`` ...)
+STATUS_TEXT = {OK: N_("ok"), WITHIN: N_("within rounding"), "wrong": N_("wrong")}
 _STEP_TITLES = [
-    ("inputs", "X (inputs, a row per token)"),
-    ("query", "Q = X·W_query"),
-    ("key", "K = X·W_key"),
-    ("value", "V = X·W_value"),
-    ("scores", "1. scores ω = Q Kᵀ"),
-    ("scaled_scores", "scaled ω · scale"),
-    ("exp_scores", "exp(scaled ω)"),
-    ("normaliser", "Σⱼ exp (softmax normaliser)"),
-    ("weights", "2. weights α = softmax"),
-    ("context", "3. context z = α · V"),
+    ("inputs", N_("X (inputs, a row per token)")),
+    ("query", N_("Q = X·W_query (queries)")),
+    ("key", N_("K = X·W_key (keys)")),
+    ("value", N_("V = X·W_value (values)")),
+    ("scores", N_("1. scores ω = Q Kᵀ")),
+    ("scaled_scores", N_("scaled ω · scale")),
+    ("exp_scores", N_("exp(scaled ω)")),
+    ("normaliser", N_("Σⱼ exp (softmax normaliser)")),
+    ("weights", N_("2. weights α = softmax")),
+    ("context", N_("3. context z = α · V")),
 ]
 
 
@@ -43,19 +47,19 @@ def check_table(example: WorkedExample, results: list[CheckResult] | None = None
             f"{n.printed:.{n.decimals}f}",
             f"{r.exact:.{n.decimals + 3}f}",
             f"{r.error:+.{n.decimals + 2}f}",
-            r.status,
+            _(STATUS_TEXT.get(r.status, r.status)),
         ]
         rows.append((cells, n.text, _STYLE.get(r.status, "")))
-    heads = ["step[at]", "printed", "exact", "error", "verdict"]
+    heads = [_("step[at]"), _("printed"), _("exact"), _("error"), _("verdict")]
     table = Table(
-        title="every number the text prints, recomputed", title_justify="left", box=None, pad_edge=False
+        title=_("every number the text prints, recomputed"), title_justify="left", box=None, pad_edge=False
     )
-    widths = [max([len(head), *(len(cells[i]) for cells, _, _ in rows)]) for i, head in enumerate(heads)]
+    widths = [max([cell_len(head), *(cell_len(c[i]) for c, _t, _s in rows)]) for i, head in enumerate(heads)]
     for i, (head, width) in enumerate(zip(heads, widths, strict=True)):  # the numbers never shrink
         table.add_column(head, justify="left" if i in (0, 4) else "right", no_wrap=True, min_width=width)
     # the sentence takes what is left of the line (2 columns between cells) and ends in "…" if cut
     room = max(12, console.width - sum(widths) - 2 * len(widths))
-    table.add_column("what the text says", no_wrap=True, overflow="ellipsis", max_width=room)
+    table.add_column(_("what the text says"), no_wrap=True, overflow="ellipsis", max_width=room)
     for cells, text, style in rows:
         *plain, status = (escape(c) for c in cells)
         table.add_row(*plain, f"[{style}]{status}[/{style}]", escape(text))
@@ -65,15 +69,21 @@ def check_table(example: WorkedExample, results: list[CheckResult] | None = None
 def show_example(example: WorkedExample, decimals: int = 4) -> int:
     """Print an example's steps and checks; returns the number of wrong printed values."""
     results = example.check()  # raises before anything is printed if the example cannot be computed
-    console.rule(f"[bold]{escape(example.title)}")
-    if example.source:
-        console.print(f"[dim]source: {escape(example.source)}[/dim]")
+    console.rule(f"[bold]{escape(example.display_title())}")
+    if example.display_source():
+        console.print(
+            "[dim]{source}[/dim]".format(
+                source=escape(_("source: {source}").format(source=example.display_source()))
+            )
+        )
     vals = example.values()
     simple = example.kind == "simple"
     if simple:
-        console.print("query = key = value = X (no learnable parameters), scale = 1 (lecture 000: no 1/√d)")
+        console.print(
+            _("query = key = value = X (no learnable parameters), scale = 1 (lecture 000: no 1/√d)")
+        )
     else:
-        console.print(f"scale = 1/√d_k = {example.steps.scale:.6f}")
+        console.print(_("scaling: scale = 1/√d_k = {scale:.6f}").format(scale=example.steps.scale))
     labels = example.tokens
     tables = []
     for name, title in _STEP_TITLES:
@@ -83,7 +93,7 @@ def show_example(example: WorkedExample, decimals: int = 4) -> int:
         cols = labels if name in ("scores", "scaled_scores", "exp_scores", "weights") else None
         if name == "normaliser":
             m, cols = m[:, None], ["Σ exp"]
-        tables.append(matrix_table(m, title=title, row_labels=labels, col_labels=cols, decimals=decimals))
+        tables.append(matrix_table(m, title=_(title), row_labels=labels, col_labels=cols, decimals=decimals))
     console.print(Columns(tables, padding=(1, 3)))
     focus = example.focus
     if focus is not None:
@@ -92,27 +102,39 @@ def show_example(example: WorkedExample, decimals: int = 4) -> int:
         terms = " + ".join(f"{float(w[j]):.4f}·{vname}({labels[j]})" for j in range(len(labels)))
         vec = ", ".join(f"{float(c):.4f}" for c in ctx)
         console.print(
-            f"[bold]context vector of “{escape(labels[focus])}”[/bold]: z = {escape(terms)} = \\[{vec}]"
+            "[bold]{what}[/bold]: z = {terms} = \\[{vec}]".format(
+                what=escape(_("context vector of “{token}”").format(token=labels[focus])),
+                terms=escape(terms),
+                vec=vec,
+            )
         )
     table, wrong = check_table(example, results)
     console.print(table)
     return wrong
 
 
+_HELP = N_(
+    "Replay the lectures' worked examples step by step with exact values; flag printed numbers "
+    "that are off by more than their own rounding."
+)
+
+
 def demo(
     example: list[str] = typer.Option(
-        None, "--example", "-e", help="Only these examples (default: all shipped: journey, two-token)."
+        None, "--example", "-e", help=N_("Only these examples (default: all shipped: journey, two-token).")
     ),
-    decimals: int = typer.Option(4, help="Decimals shown in the step tables."),
+    decimals: int = typer.Option(4, help=N_("Decimals shown in the step tables.")),
 ) -> None:
-    """Replay the lectures' worked examples step by step with exact values; flag printed numbers
-    that are off by more than their own rounding."""
     names = example or list_examples()
     unknown = [n for n in names if n not in list_examples()]
     if unknown:
-        raise UsageError(f"unknown example {unknown[0]!r}; shipped examples: {', '.join(list_examples())}")
+        raise UsageError(
+            _("unknown example {name!r}; shipped examples: {names}").format(
+                name=unknown[0], names=", ".join(list_examples())
+            )
+        )
     if not 0 <= decimals <= 12:
-        raise UsageError(f"--decimals must be between 0 and 12, got {decimals}")
+        raise UsageError(_("--decimals must be between 0 and 12, got {value}").format(value=decimals))
     summary = []
     for name in names:
         ex = load_example(name)
@@ -124,16 +146,24 @@ def demo(
         if wrong:
             bad = [r for r in ex.check() if r.status == "wrong"]
             what = "; ".join(
-                f"{r.number.step}{list(r.number.at)} printed {r.number.printed} (exact {r.exact:.4f})"
+                _("{step}{at} printed {printed} (exact {exact:.4f})").format(
+                    step=r.number.step, at=list(r.number.at), printed=r.number.printed, exact=r.exact
+                )
                 for r in bad
             )
-            lines.append(
-                f"[bold]{ex.name}[/bold]: [red]{wrong} of {total} printed numbers are wrong[/red]: {what}"
-            )
+            wrong_text = ngettext(
+                "{wrong} of {total} printed number is wrong",
+                "{wrong} of {total} printed numbers are wrong",
+                total,
+            ).format(wrong=wrong, total=total)
+            lines.append(f"[bold]{escape(ex.name)}[/bold]: [red]{escape(wrong_text)}[/red]: {escape(what)}")
         else:
-            lines.append(f"[bold]{ex.name}[/bold]: [green]all {total} printed numbers check out[/green]")
-    console.print(Panel("\n".join(lines), title="verdict", expand=False))
+            ok_text = ngettext(
+                "the {total} printed number checks out", "all {total} printed numbers check out", total
+            ).format(total=total)
+            lines.append(f"[bold]{escape(ex.name)}[/bold]: [green]{escape(ok_text)}[/green]")
+    console.print(Panel("\n".join(lines), title=_("verdict"), expand=False))
 
 
 def register(app: typer.Typer) -> None:
-    app.command("demo")(demo)
+    app.command("demo", help=_HELP)(demo)

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from ..i18n import N_, _
 from . import UsageError, console
 from ._notes import save_png, unknown_tokens_note
 
@@ -28,29 +29,29 @@ TOLERANCE = 1e-5
 MAX_ROWS = 40
 """At most this many query rows in the tables (the heatmap from --out always has every token)."""
 
-_HELP = "\n\n".join(
-    [
-        "Run all-MiniLM-L6-v2 on TEXT with this library's attention doing every attention computation, "
-        "and show one head: its weight table over the real tokens, each token's most-attended tokens, and "
-        "the largest difference between our attention and the model's own (transformers eager) attention, "
-        f"which must be <= {TOLERANCE:g} in float32 (exit code 1 otherwise).",
-        f'Layers (0-5) and heads (0-11) count from 0. Without TEXT the built-in sentence "{DEFAULT_TEXT}" '
-        f"is used. The defaults, layer {DEFAULT_LAYER} head {DEFAULT_HEAD}, were chosen by looking at the "
-        'real weights of every head on it: there "it" puts 0.68 of its weight on "animal" (and "cross" '
-        '0.60 on "street", "the" 0.52 on "animal"), a pronoun-to-noun pattern. A pattern, not proof of '
-        'understanding: with "...because it was too wide" the same head gives "animal" only 0.28.',
-        "For a clean positional head try --layer 0 --head 2: every token puts ~1.00 on the token before it.",
-        "With --model PATH (a local Hugging Face checkpoint folder: config.json, weights, tokenizer files; an "
-        "encoder or a decoder) that model runs instead. Without --layer/--head it opens on the head with the "
-        "strongest long-range link between two words: the largest weight x log2(distance) over pairs of "
-        "word tokens at least two positions apart.",
-        "With --model m3e-small, moka-ai's Chinese model (one token per character; install it with "
-        "make zh; non-commercial / research use only) reads Chinese text, which all-MiniLM-L6-v2 turns "
-        "into [UNK]. Unknown tokens are always counted in a note.",
-        "Inputs longer than the model was trained on (all-MiniLM-L6-v2: 256 tokens, though its position "
-        "table has 512) get a printed note.",
-    ]
+_HELP = N_(
+    "Run all-MiniLM-L6-v2 on TEXT with this library's attention doing every attention computation, "
+    "and show one head: its weight table over the real tokens, each token's most-attended tokens, and "
+    "the largest difference between our attention and the model's own (transformers eager) attention, "
+    "which must be <= {tolerance:g} in float32 (exit code 1 otherwise).\n\n"
+    'Layers (0-5) and heads (0-11) count from 0. Without TEXT the built-in sentence "{text}" '
+    "is used. The defaults, layer {layer} head {head}, were chosen by looking at the "
+    'real weights of every head on it: there "it" puts 0.68 of its weight on "animal" (and "cross" '
+    '0.60 on "street", "the" 0.52 on "animal"), a pronoun-to-noun pattern. A pattern, not proof of '
+    'understanding: with "...because it was too wide" the same head gives "animal" only 0.28.\n\n'
+    "For a clean positional head try --layer 0 --head 2: every token puts ~1.00 on the token before it.\n\n"
+    "With --model PATH (a local Hugging Face checkpoint folder: config.json, weights, tokenizer files; an "
+    "encoder or a decoder) that model runs instead. Without --layer/--head it opens on the head with the "
+    "strongest long-range link between two words: the largest weight x log2(distance) over pairs of "
+    "word tokens at least two positions apart.\n\n"
+    "With --model m3e-small, moka-ai's Chinese model (one token per character; install it with "
+    "make zh; non-commercial / research use only) reads Chinese text, which all-MiniLM-L6-v2 turns "
+    "into [UNK]. Unknown tokens are always counted in a note.\n\n"
+    "Inputs longer than the model was trained on (all-MiniLM-L6-v2: 256 tokens, though its position "
+    "table has 512) get a printed note."
 )
+#: the values of the help's placeholders (filled in after translation: see ``cli._tidy_help``)
+_HELP_VALUES = {"tolerance": TOLERANCE, "text": DEFAULT_TEXT, "layer": DEFAULT_LAYER, "head": DEFAULT_HEAD}
 
 
 def _fmt_tokens(tokens: list[str]) -> list[str]:
@@ -99,7 +100,7 @@ def weight_table(weights, tokens: list[str], n_rows: int, n_cols: int, title: st
     for j in range(n_cols):
         table.add_column(escape(_short(tokens[j], _HEADER_CHARS)), justify="right", no_wrap=True, min_width=4)
     if n_cols < T:
-        table.add_column("rest", justify="right", style="italic", no_wrap=True)
+        table.add_column(_("rest"), justify="right", style="italic", no_wrap=True)
     for i in range(n_rows):
         row = weights[i]
         top = int(row.argmax())
@@ -113,14 +114,14 @@ def weight_table(weights, tokens: list[str], n_rows: int, n_cols: int, title: st
 def top_table(run, layer: int, head: int, k: int, n_rows: int) -> Table:
     """Each query token's ``k`` most-attended tokens with their weights."""
     table = Table(
-        title=f"top {k} attended tokens per query: token \\[position] weight",
+        title=escape(_("top {k} attended tokens per query: token [position] weight").format(k=k)),
         title_justify="left",
         box=None,
         padding=(0, 1),
         pad_edge=False,
     )
-    table.add_column("query", style="bold", no_wrap=True)
-    table.add_column("most attended, heaviest first")
+    table.add_column(_("query"), style="bold", no_wrap=True)
+    table.add_column(_("most attended, heaviest first"))
     tops = run.top_attended(layer, head, k)
     for i in range(n_rows):
         parts = [f"{escape(run.tokens[j])} [dim]\\[{j}][/dim] {w:.2f}" for j, w in tops[i]]
@@ -130,50 +131,58 @@ def top_table(run, layer: int, head: int, k: int, n_rows: int) -> Table:
 
 def _check_out(out: Path) -> Path:
     if out.suffix.lower() != ".png":
-        raise UsageError(f"--out must be a .png file, got {str(out)!r}")
+        raise UsageError(_("--out must be a .png file, got {path!r}").format(path=str(out)))
     if out.is_dir():
-        raise UsageError(f"--out {str(out)!r} is a directory; give a file name ending in .png")
+        raise UsageError(
+            _("--out {path!r} is a directory; give a file name ending in .png").format(path=str(out))
+        )
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
-        raise UsageError(f"--out: the folder {str(parent)!r} does not exist")
+        raise UsageError(_("--out: the folder {path!r} does not exist").format(path=str(parent)))
     if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise UsageError(f"--out: cannot write {str(out)!r} (no write permission)")
+        raise UsageError(_("--out: cannot write {path!r} (no write permission)").format(path=str(out)))
     # Try it for real before the slow model run (permissions do not tell everything, e.g. for root).
     existed = out.exists()
     try:
         with open(out, "ab"):
             pass
     except OSError as e:
-        raise UsageError(f"--out: cannot write {str(out)!r}: {e.strerror or e}") from e
+        raise UsageError(
+            _("--out: cannot write {path!r}: {error}").format(path=str(out), error=e.strerror or e)
+        ) from e
     if not existed:
         out.unlink()
     return out
 
 
 def _note(template: str, **values: object) -> None:
-    """Print a yellow note (a whole sentence with named placeholders; values are escaped)."""
-    console.print("[yellow]" + escape(template.format(**values)) + "[/yellow]")
+    """Print a yellow note (a whole sentence with named placeholders, translated; values are escaped)."""
+    console.print("[yellow]" + escape(_(template).format(**values)) + "[/yellow]")
 
 
 def explain(
     text: str | None = typer.Argument(
-        None, help="The text to run through the model (default: the built-in sentence above)."
+        None, help=N_("The text to run through the model (default: the built-in sentence above).")
     ),
     model: Path | None = typer.Option(
         None,
         "--model",
         "-m",
-        help="m3e-small (a Chinese model: make zh), or a local Hugging Face checkpoint folder (encoder or "
-        "decoder), instead of the built-in all-MiniLM-L6-v2.",
+        help=N_(
+            "m3e-small (a Chinese model: make zh), or a local Hugging Face checkpoint folder (encoder or "
+            "decoder), instead of the built-in all-MiniLM-L6-v2."
+        ),
     ),
     layer: int | None = typer.Option(
-        None, "--layer", "-l", help="Layer, 0-based. Default: 3 for the built-in model, else see below."
+        None, "--layer", "-l", help=N_("Layer, 0-based. Default: 3 for the built-in model, else see below.")
     ),
-    head: int | None = typer.Option(None, "--head", help="Head, 0-based. Default: 1 for the built-in model."),
+    head: int | None = typer.Option(
+        None, "--head", help=N_("Head, 0-based. Default: 1 for the built-in model.")
+    ),
     out: Path | None = typer.Option(
-        None, "--out", "-o", help="Write a heatmap PNG of this head's weights, tokens on both axes."
+        None, "--out", "-o", help=N_("Write a heatmap PNG of this head's weights, tokens on both axes.")
     ),
-    top: int = typer.Option(3, "--top", "-k", help="How many most-attended tokens to list per token."),
+    top: int = typer.Option(3, "--top", "-k", help=N_("How many most-attended tokens to list per token.")),
 ) -> None:
     from .. import pretrained
     from ..focus import strongest_link
@@ -181,42 +190,44 @@ def explain(
     if text is None:
         text = DEFAULT_TEXT
     if not text.strip():
-        raise UsageError("TEXT is empty: give a sentence, or leave TEXT out to use the built-in one")
+        raise UsageError(_("TEXT is empty: give a sentence, or leave TEXT out to use the built-in one"))
     try:
         config = pretrained.model_config(model)
         n_layers, n_heads = pretrained.n_layers_and_heads(config)
     except ImportError as e:
         raise UsageError(str(e)) from e
     except ValueError as e:
-        raise UsageError("--model: {error}".format(error=e)) from e
+        raise UsageError(_("--model: {error}").format(error=e)) from e
     if model is None:
         layer = DEFAULT_LAYER if layer is None else layer
         head = DEFAULT_HEAD if head is None else head
     if layer is not None and not 0 <= layer < n_layers:
         raise UsageError(
-            "--layer must be in 0..{last} (0-based), got {value}".format(last=n_layers - 1, value=layer)
+            _("--layer must be in 0..{last} (0-based), got {value}").format(last=n_layers - 1, value=layer)
         )
     if head is not None and not 0 <= head < n_heads:
         raise UsageError(
-            "--head must be in 0..{last} (0-based), got {value}".format(last=n_heads - 1, value=head)
+            _("--head must be in 0..{last} (0-based), got {value}").format(last=n_heads - 1, value=head)
         )
     if top < 1:
-        raise UsageError("--top must be at least 1, got {value}".format(value=top))
+        raise UsageError(_("--top must be at least 1, got {value}").format(value=top))
     if out is not None:
         out = _check_out(out)
 
     name = pretrained.model_label(model)
     t0 = time.perf_counter()
-    with console.status("loading {name} offline (transformers, our attention backend) ...".format(name=name)):
+    with console.status(
+        _("loading {name} offline (transformers, our attention backend) ...").format(name=name)
+    ):
         try:
             pretrained.load_model(model)
         except ImportError as e:
-            raise UsageError("cannot load the model: {error}".format(error=e)) from e
+            raise UsageError(_("cannot load the model: {error}").format(error=e)) from e
         except ValueError as e:
-            raise UsageError("--model: {error}".format(error=e)) from e
+            raise UsageError(_("--model: {error}").format(error=e)) from e
     t_load = time.perf_counter() - t0
     t0 = time.perf_counter()
-    with console.status("running the model (our attention, then the model's own eager attention) ..."):
+    with console.status(_("running the model (our attention, then the model's own eager attention) ...")):
         try:
             run = pretrained.run_text(text, model=model, compare=True)
         except ValueError as e:
@@ -232,16 +243,19 @@ def explain(
             head = link.head if head is None else head
         layer, head = layer or 0, head or 0
     console.rule(
-        "[bold]{name} · layer {layer}, head {head}[/bold] (of {n_layers} × {n_heads}, 0-based)".format(
-            name=escape(name), layer=layer, head=head, n_layers=n_layers, n_heads=n_heads
+        "[bold]{what}[/bold] {of}".format(
+            what=escape(_("{name} · layer {layer}, head {head}").format(name=name, layer=layer, head=head)),
+            of=escape(_("(of {n_layers} × {n_heads}, 0-based)").format(n_layers=n_layers, n_heads=n_heads)),
         )
     )
-    shown = text if len(text) <= 300 else text[:300] + "… ({n} characters)".format(n=len(text))
-    console.print('text: "' + shown + '"', highlight=False, markup=False)
+    shown = text if len(text) <= 300 else text[:300] + _("… ({n} characters)").format(n=len(text))
+    console.print(_('text: "{text}"').format(text=shown), highlight=False, markup=False)
     if link is not None:
         _note(
-            "Opening on layer {layer}, head {head}: the strongest long-range link between two words is there "
-            "({query} → {key}, weight {weight:.2f}). Choose another head with --layer and --head.",
+            N_(
+                "Opening on layer {layer}, head {head}: the strongest long-range link between two words is "
+                "there ({query} → {key}, weight {weight:.2f}). Choose another head with --layer and --head."
+            ),
             layer=link.layer,
             head=link.head,
             query=run.tokens[link.query],
@@ -250,8 +264,10 @@ def explain(
         )
     if run.truncated:
         _note(
-            "note: the text has {full} tokens; the model reads at most {n}, so only the first {n} "
-            "(special tokens included) were used.",
+            N_(
+                "note: the text has {full} tokens; the model reads at most {n}, so only the first {n} "
+                "(special tokens included) were used."
+            ),
             full=run.n_tokens_full,
             n=T,
         )
@@ -260,15 +276,17 @@ def explain(
         _note("{note}", note=unknown)
     if run.past_trained_length:
         _note(
-            "note: {name} was trained on inputs of at most {trained} tokens (its own files say so); this "
-            "text has {n}, so its attention past position {trained} is less reliable.",
+            N_(
+                "note: {name} was trained on inputs of at most {trained} tokens (its own files say so); this "
+                "text has {n}, so its attention past position {trained} is less reliable."
+            ),
             name=name,
             trained=run.trained_length,
             n=T,
         )
-    more = f" … (+{T - MAX_ROWS} more)" if T > MAX_ROWS else ""
+    more = _(" … (+{n} more)").format(n=T - MAX_ROWS) if T > MAX_ROWS else ""
     console.print(
-        "{n} tokens: ".format(n=T) + " ".join(run.tokens[:MAX_ROWS]) + more, highlight=False, markup=False
+        _("{n} tokens: ").format(n=T) + " ".join(run.tokens[:MAX_ROWS]) + more, highlight=False, markup=False
     )
 
     w = run.weights(layer, head)
@@ -281,39 +299,60 @@ def explain(
             run.tokens,
             n_rows,
             n_cols,
-            "weights of our attention: row = query, sums to 1; highlighted = row max",
+            escape(_("weights of our attention: row = query, sums to 1; highlighted = row max")),
         )
     )
     if n_rows < T or n_cols < T:
         console.print(
-            f"[yellow]showing query rows 0–{n_rows - 1} and key columns 0–{n_cols - 1} of {T} tokens "
-            f"(to fit the screen); 'rest' = the weight on the key columns not shown. "
-            f"The top-{k} list below covers every key; --out FILE.png draws the whole matrix.[/yellow]"
+            "[yellow]{}[/yellow]".format(
+                escape(
+                    _(
+                        "showing query rows 0–{last_row} and key columns 0–{last_col} of {n} tokens "
+                        "(to fit the screen); 'rest' = the weight on the key columns not shown. "
+                        "The top-{k} list below covers every key; --out FILE.png draws the whole matrix."
+                    ).format(last_row=n_rows - 1, last_col=n_cols - 1, n=T, k=k)
+                )
+            )
         )
     console.print(top_table(run, layer, head, k, n_rows))
 
     dw, dh = run.max_abs_diff_weights, run.max_abs_diff_hidden
     ok = dh is not None and dh <= TOLERANCE and (dw is None or dw <= TOLERANCE)
-    verdict = (
-        f"[bold green]MATCH[/bold green]: {'both ' if dw is not None else ''}≤ {TOLERANCE:g} (float32)"
-        if ok
-        else f"[bold red]MISMATCH[/bold red]: larger than {TOLERANCE:g} (float32)"
-    )
+    if ok:
+        within = (
+            _("both ≤ {tolerance:g} (float32)") if dw is not None else _("≤ {tolerance:g} (float32)")
+        ).format(tolerance=TOLERANCE)
+        verdict = "[bold green]{}[/bold green]: {}".format(_("MATCH"), escape(within))
+    else:
+        larger = _("larger than {tolerance:g} (float32)").format(tolerance=TOLERANCE)
+        verdict = "[bold red]{}[/bold red]: {}".format(_("MISMATCH"), escape(larger))
     hidden = run.hidden_states[-1].shape[-1]
     weights_line = (
-        "max |ours − eager| attention weights (all {L} layers × {H} heads × {T}×{T}): [bold]{dw:.2e}[/bold]".format(
-            L=run.n_layers, H=run.n_heads, T=T, dw=dw
+        escape(
+            _("max |ours − eager| attention weights (all {L} layers × {H} heads × {T}×{T}):").format(
+                L=run.n_layers, H=run.n_heads, T=T
+            )
         )
+        + f" [bold]{dw:.2e}[/bold]"
         if dw is not None
-        else "attention weights: not kept for an input this long; compared through the hidden state"
+        else escape(
+            _("attention weights: not kept for an input this long; compared through the hidden state")
+        )
     )
+    hidden_line = escape(
+        _("max |ours − eager| last hidden state (1×{T}×{hidden}):").format(T=T, hidden=hidden)
+    )
+    timing = _("load {load:.1f} s · two forward passes (ours + eager) {run:.2f} s").format(
+        load=t_load, run=t_run
+    )
+    verdict_label = _("verdict:")
     console.print(
         Panel(
             weights_line + "\n"
-            f"max |ours − eager| last hidden state (1×{T}×{hidden}): [bold]{dh:.2e}[/bold]\n"
-            f"verdict: {verdict}\n"
-            f"[dim]load {t_load:.1f} s · two forward passes (ours + eager) {t_run:.2f} s[/dim]",
-            title="ours vs the model's own eager attention",
+            f"{hidden_line} [bold]{dh:.2e}[/bold]\n"
+            f"{escape(verdict_label)} {verdict}\n"
+            f"[dim]{escape(timing)}[/dim]",
+            title=escape(_("ours vs the model's own eager attention")),
             expand=False,
         )
     )
@@ -325,18 +364,23 @@ def explain(
             w,
             _fmt_tokens(run.tokens),
             _fmt_tokens(run.tokens),
-            title=f"{name} · layer {layer}, head {head} · our attention",
+            title=_("{name} · layer {layer}, head {head} · our attention").format(
+                name=name, layer=layer, head=head
+            ),
         )
         try:
             save_png(fig, out, dpi=150)
         except OSError as e:
-            raise UsageError(f"--out: cannot write {str(out)!r}: {e}") from e
-        console.print(f"heatmap ({T}×{T}) written to {out}", highlight=False)
+            raise UsageError(_("--out: cannot write {path!r}: {error}").format(path=str(out), error=e)) from e
+        console.print(
+            _("heatmap ({T}×{T}) written to {out}").format(T=T, out=out), highlight=False, markup=False
+        )
     if not ok:
         raise typer.Exit(1)
 
 
-explain.__doc__ = _HELP
+explain.__doc__ = _HELP.format(**_HELP_VALUES)
+explain.help_values = _HELP_VALUES  # type: ignore[attr-defined]
 
 
 def register(app: typer.Typer) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from ..i18n import N_, _
 from . import UsageError, console
 
 # The defaults of `generate`: sampled, sharpened (0.6 keeps this small model on words; 0.8 often wanders into
@@ -32,25 +33,29 @@ def _sampling(greedy: bool, temperature: float | None, top_k: int | None, top_p:
         for name, value in (("--temperature", temperature), ("--top-k", top_k), ("--top-p", top_p)):
             if value is not None:
                 raise UsageError(
-                    "{option} has no effect with --greedy (greedy decoding takes the most likely "
-                    "character); leave out one of the two".format(option=name)
+                    _(
+                        "{option} has no effect with --greedy (greedy decoding takes the most likely "
+                        "character); leave out one of the two"
+                    ).format(option=name)
                 )
         return Sampling()
     if temperature == 0:
         if top_k is not None or top_p is not None:
             raise UsageError(
-                "--top-k and --top-p have no effect with --temperature 0 (greedy decoding); "
-                "give a temperature > 0 to sample"
+                _(
+                    "--top-k and --top-p have no effect with --temperature 0 (greedy decoding); "
+                    "give a temperature > 0 to sample"
+                )
             )
         return Sampling()
     if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
         raise UsageError(
-            "--temperature must be a number >= 0 (0 = greedy), got {value}".format(value=temperature)
+            _("--temperature must be a number >= 0 (0 = greedy), got {value}").format(value=temperature)
         )
     if top_k is not None and top_k < 0:
-        raise UsageError("--top-k must be >= 0 (0 = all characters), got {value}".format(value=top_k))
+        raise UsageError(_("--top-k must be >= 0 (0 = all characters), got {value}").format(value=top_k))
     if top_p is not None and not 0 < top_p <= 1:
-        raise UsageError("--top-p must be in (0, 1] (1 = all characters), got {value}".format(value=top_p))
+        raise UsageError(_("--top-p must be in (0, 1] (1 = all characters), got {value}").format(value=top_p))
     return Sampling(
         temperature=DEFAULT_TEMPERATURE if temperature is None else temperature,
         top_k=DEFAULT_TOP_K if top_k is None else (top_k or None),
@@ -59,48 +64,56 @@ def _sampling(greedy: bool, temperature: float | None, top_k: int | None, top_p:
     )
 
 
+_HELP = N_(
+    "Continue --prompt with the small decoder (shipped trained) and print tokens/s.\n\n"
+    "With the KV cache (default) each new token costs one single-token step; --no-cache recomputes "
+    "everything; --check runs both and verifies that the text is the same (greedy or sampled: the same "
+    "seed draws the same random numbers)."
+)
+
+
 def generate_cmd(
-    prompt: str = typer.Option("The ", "--prompt", "-p", help="Text to continue."),
-    tokens: int = typer.Option(200, "--tokens", "-n", min=0, help="How many characters to generate."),
+    prompt: str = typer.Option("The ", "--prompt", "-p", help=N_("Text to continue.")),
+    tokens: int = typer.Option(200, "--tokens", "-n", min=0, help=N_("How many characters to generate.")),
     temperature: float = typer.Option(
         None,
         "--temperature",
         "-t",
-        help=f"Sampling temperature; 0 = greedy (default {DEFAULT_TEMPERATURE}).",
+        help=N_("Sampling temperature; 0 = greedy (default {temperature})."),
         show_default=False,
     ),
     top_k: int = typer.Option(
         None,
         "--top-k",
-        help=f"Sample among the K most likely characters; 0 = all (default {DEFAULT_TOP_K}).",
+        help=N_("Sample among the K most likely characters; 0 = all (default {top_k})."),
         show_default=False,
     ),
     top_p: float = typer.Option(
         None,
         "--top-p",
-        help="Sample among the most likely characters whose probabilities reach P, in (0, 1] "
-        "(default 1: all).",
+        help=N_(
+            "Sample among the most likely characters whose probabilities reach P, in (0, 1] (default 1: all)."
+        ),
         show_default=False,
     ),
-    seed: int = typer.Option(0, "--seed", help="Seed of the sampling (the same seed, the same text)."),
-    greedy: bool = typer.Option(False, "--greedy", help="Always take the most likely character."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Recompute the whole sequence for every token."),
+    seed: int = typer.Option(0, "--seed", help=N_("Seed of the sampling (the same seed, the same text).")),
+    greedy: bool = typer.Option(False, "--greedy", help=N_("Always take the most likely character.")),
+    no_cache: bool = typer.Option(
+        False, "--no-cache", help=N_("Recompute the whole sequence for every token.")
+    ),
     check: bool = typer.Option(
-        False, "--check", help="Generate both ways, verify the tokens are identical, compare speed."
+        False, "--check", help=N_("Generate both ways, verify the tokens are identical, compare speed.")
     ),
     checkpoint: Path = typer.Option(
         None,
         "--checkpoint",
-        help="A .safetensors checkpoint (with its .json), e.g. from `selfattention train`. "
-        "Default: the one shipped in the package.",
+        help=N_(
+            "A .safetensors checkpoint (with its .json), e.g. from `selfattention train`. "
+            "Default: the one shipped in the package."
+        ),
         show_default=False,
     ),
 ) -> None:
-    """Continue --prompt with the small decoder (shipped trained) and print tokens/s.
-
-    With the KV cache (default) each new token costs one single-token step; --no-cache recomputes
-    everything; --check runs both and verifies that the text is the same (greedy or sampled: the same
-    seed draws the same random numbers)."""
     from rich.text import Text
 
     from ..decoder import CheckpointError, load_checkpoint, shipped_checkpoint
@@ -108,44 +121,44 @@ def generate_cmd(
     sampling = _sampling(greedy, temperature, top_k, top_p, seed)
     path = Path(checkpoint) if checkpoint is not None else shipped_checkpoint()
     if path.suffix != ".safetensors":
-        raise UsageError("--checkpoint must name a .safetensors file, got {path}".format(path=path))
+        raise UsageError(_("--checkpoint must name a .safetensors file, got {path}").format(path=path))
     if not path.exists():
         if checkpoint is None:
             raise UsageError(
-                "the shipped checkpoint {path} is missing from this installation; train one with "
-                "`selfattention train --checkpoint my.safetensors` and pass --checkpoint my.safetensors".format(
-                    path=path
-                )
+                _(
+                    "the shipped checkpoint {path} is missing from this installation; train one with "
+                    "`selfattention train --checkpoint my.safetensors` and pass --checkpoint my.safetensors"
+                ).format(path=path)
             )
         raise UsageError(
-            "no checkpoint at {path}; train one with `selfattention train --checkpoint {path}`".format(
+            _("no checkpoint at {path}; train one with `selfattention train --checkpoint {path}`").format(
                 path=path
             )
         )
     try:
-        model, tok, _ = load_checkpoint(path)
+        model, tok, _info = load_checkpoint(path)
     except (CheckpointError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
     if not prompt:
-        raise UsageError("--prompt must not be empty")
+        raise UsageError(_("--prompt must not be empty"))
     try:
         ids = tok.encode(prompt)
     except ValueError as e:
-        raise UsageError("--prompt: {problem}".format(problem=e)) from None
+        raise UsageError(_("--prompt: {problem}").format(problem=e)) from None
     ctx = model.config.context
     if len(ids) + tokens > ctx:
         raise UsageError(
-            "--prompt ({n} characters) + --tokens {tokens} = {total} exceed the model's context of {ctx} "
-            "positions; use at most --tokens {most}".format(
-                n=len(ids), tokens=tokens, total=len(ids) + tokens, ctx=ctx, most=max(0, ctx - len(ids))
-            )
+            _(
+                "--prompt ({n} characters) + --tokens {tokens} = {total} exceed the model's context of {ctx} "
+                "positions; use at most --tokens {most}"
+            ).format(n=len(ids), tokens=tokens, total=len(ids) + tokens, ctx=ctx, most=max(0, ctx - len(ids)))
         )
 
     modes = [True, False] if check else [not no_cache]
     for use_cache in modes:  # warm-up, untimed: the first call pays for allocations and lazy imports
         _timed_generate(model, ids, min(tokens, 2), use_cache, sampling)
     results = {use_cache: _timed_generate(model, ids, tokens, use_cache, sampling) for use_cache in modes}
-    out, _ = results[modes[0]]
+    out, _secs = results[modes[0]]
     # The prompt bold, the continuation plain; both are user/model text, never parsed as markup.
     # (Text(prompt, style="bold") + Text(...) would make the whole line bold: the base style is kept.)
     console.print(Text.assemble((prompt, "bold"), tok.decode(out)), highlight=False)
@@ -154,9 +167,9 @@ def generate_cmd(
         n_out, secs = results[use_cache]
         rate = len(n_out) / secs if secs > 0 else float("inf")
         line = (
-            "{n} tokens in {secs:.3f} s = [bold]{rate:.1f} tokens/s[/bold] with KV cache"
+            _("{n} tokens in {secs:.3f} s = [bold]{rate:.1f} tokens/s[/bold] with KV cache")
             if use_cache
-            else "{n} tokens in {secs:.3f} s = [bold]{rate:.1f} tokens/s[/bold] without cache (recompute)"
+            else _("{n} tokens in {secs:.3f} s = [bold]{rate:.1f} tokens/s[/bold] without cache (recompute)")
         )
         console.print(line.format(n=len(n_out), secs=secs, rate=rate), highlight=False)
     if check:
@@ -164,17 +177,24 @@ def generate_cmd(
         if cached != uncached:
             first = next(i for i, (a, b) in enumerate(zip(cached, uncached, strict=True)) if a != b)
             console.print(
-                "[bold red]FAIL[/bold red]: cached and uncached generation differ (first at token "
-                "{first})".format(first=first)
+                _(
+                    "[bold red]FAIL[/bold red]: cached and uncached generation differ (first at token "
+                    "{first})"
+                ).format(first=first)
             )
             raise typer.Exit(1)
         speedup = results[False][1] / max(results[True][1], 1e-12)
         console.print(
-            "[bold green]PASS[/bold green]: identical tokens with and without the cache; recomputing took "
-            "{ratio:.1f}× the time of the cached run".format(ratio=speedup),
+            _(
+                "[bold green]PASS[/bold green]: identical tokens with and without the cache; recomputing took "
+                "{ratio:.1f}× the time of the cached run"
+            ).format(ratio=speedup),
             highlight=False,
         )
 
 
+generate_cmd.help_values = {"temperature": DEFAULT_TEMPERATURE, "top_k": DEFAULT_TOP_K}  # type: ignore[attr-defined]
+
+
 def register(app: typer.Typer) -> None:
-    app.command("generate")(generate_cmd)
+    app.command("generate", help=_HELP)(generate_cmd)

@@ -11,15 +11,51 @@ from typing import Any
 
 import typer
 
+from ..i18n import N_, _
 from . import UsageError, console
 
 lesson_app = typer.Typer(
-    help="The lectures' claims and exercises, measured: `lesson list`, `lesson show NAME`, "
-    "`lesson run NAME [--out DIR]`.",
+    help=N_(
+        "The lectures' claims and exercises, measured: `lesson list`, `lesson show NAME`, "
+        "`lesson run NAME [--out DIR]`."
+    ),
     no_args_is_help=True,
 )
 
 _STATUS_STYLE = {"holds": "green", "does not hold": "red", "holds only when": "yellow"}
+#: how a verdict's status reads (the statuses themselves are data: ``lessons.HOLDS`` ...)
+_STATUS_TEXT = {
+    "holds": N_("holds"),
+    "does not hold": N_("does not hold"),
+    "holds only when": N_("holds only when {condition}"),
+}
+#: the words of ``Lesson.status`` and ``Lesson.kind`` as shown
+_WORDS = {
+    "run": N_("run"),
+    "model": N_("model"),
+    "checker": N_("checker"),
+    "discussed": N_("discussed"),
+    "measured": N_("measured"),
+    "exercise": N_("exercise"),
+}
+
+
+def verdict_text(verdict: Any) -> str:
+    """A verdict's status (with its condition) in the interface language, without the numbers."""
+    return _(_STATUS_TEXT[verdict.status]).format(condition=verdict.condition)
+
+
+def status_text(lesson: Any) -> str:
+    """``Lesson.status`` (``run, model, 2 min`` ...) in the interface language."""
+    words = []
+    for w in lesson.status.split(", "):
+        if w in _WORDS:
+            words.append(_(_WORDS[w]))
+        elif w.endswith(" min") and w[:-4].isdigit():
+            words.append(_("{n} min").format(n=w[:-4]))
+        else:
+            words.append(w)
+    return ", ".join(words)
 
 
 def _by_lecture() -> list[tuple[str, list[Any]]]:
@@ -38,24 +74,27 @@ def _show(lesson: Any) -> None:
 
     from ..lectures import label
 
-    console.print(Text.assemble((lesson.name, "bold"), " — ", lesson.status))
+    console.print(Text.assemble((lesson.name, "bold"), " — ", status_text(lesson)))
     lines = [
-        "{lecture}, {section}".format(lecture=label(lesson.lecture), section=lesson.section),
-        "kind: {kind}".format(kind=lesson.kind),
+        _("{lecture}, {section}").format(lecture=label(lesson.lecture), section=lesson.section),
+        _("kind: {kind}").format(kind=_(_WORDS[lesson.kind])),
         lesson.claim_zh,
-        lesson.claim_en,
+        _(lesson.claim_en),
     ]
     if lesson.reason:
-        lines.append("not measured: {why}".format(why=lesson.reason))
+        lines.append(_("not measured: {why}").format(why=_(lesson.reason)))
     for line in lines:  # plain text: lesson texts are never parsed as markup
         console.print(Padding(Text(line), (0, 0, 0, 2)))
 
 
-@lesson_app.command("list")
+@lesson_app.command(
+    "list",
+    help=N_("Every lesson, by lecture: name, status (run / checker / discussed) and what it is about."),
+)
 def list_lessons(
-    long: bool = typer.Option(False, "--long", "-l", help="Show each lesson's section and claims."),
+    long: bool = typer.Option(False, "--long", "-l", help=N_("Show each lesson's section and claims.")),
 ) -> None:
-    """Every lesson, by lecture: name, status (run / checker / discussed) and what it is about."""
+    from rich.cells import cell_len
     from rich.markup import escape
     from rich.table import Table
 
@@ -68,21 +107,28 @@ def list_lessons(
                 _show(lesson)
             continue
         table = Table(title=label(number), title_justify="left", title_style="bold", box=None, pad_edge=False)
-        table.add_column("name", no_wrap=True, min_width=max(len(lesson.name) for lesson in group))
-        table.add_column("status", no_wrap=True, min_width=max(len(lesson.status) for lesson in group))
-        table.add_column("about", no_wrap=True, overflow="ellipsis")
+        table.add_column(_("name"), no_wrap=True, min_width=max(len(lesson.name) for lesson in group))
+        table.add_column(
+            _("status"), no_wrap=True, min_width=max(cell_len(status_text(lesson)) for lesson in group)
+        )
+        table.add_column(_("about"), no_wrap=True, overflow="ellipsis")
         for lesson in group:
-            table.add_row(lesson.name, lesson.status, escape(lesson.summary))
+            table.add_row(lesson.name, status_text(lesson), escape(_(lesson.summary)))
         console.print(table)
     console.print(
-        "Details: [bold]lesson show NAME[/bold] or [bold]lesson list --long[/bold]. "
-        "Run one with [bold]lesson run NAME [--out DIR][/bold], or all with [bold]lesson run all[/bold]."
+        escape(
+            _(
+                "Details: lesson show NAME or lesson list --long. "
+                "Run one with lesson run NAME [--out DIR], or all with lesson run all."
+            )
+        )
     )
 
 
-@lesson_app.command("show")
-def show_lesson(name: str = typer.Argument(..., help="Lesson name (see `lesson list`).")) -> None:
-    """One lesson's lecture, section, claim (as quoted and in English) and status."""
+@lesson_app.command(
+    "show", help=N_("One lesson's lecture, section, claim (as quoted and in English) and status.")
+)
+def show_lesson(name: str = typer.Argument(..., help=N_("Lesson name (see `lesson list`)."))) -> None:
     from .. import lessons
 
     try:
@@ -98,12 +144,14 @@ def _print_result(result: Any, out: Path | None = None) -> None:
     from rich.panel import Panel
     from rich.table import Table
 
+    from ..i18n import language
     from ..lectures import label
 
     lesson = result.lesson
     console.print(
         Panel(
-            f"[dim]{escape(lesson.section)}[/dim]\n[bold]{escape(lesson.claim_zh)}[/bold]\n{escape(lesson.claim_en)}",
+            f"[dim]{escape(lesson.section)}[/dim]\n[bold]{escape(lesson.claim_zh)}[/bold]"
+            + ("" if language() == "zh" else f"\n{escape(lesson.claim_en)}"),
             title=f"{lesson.name} — {label(lesson.lecture)}",
             title_align="left",
         )
@@ -116,29 +164,36 @@ def _print_result(result: Any, out: Path | None = None) -> None:
             table.add_row(*(escape(str(c)) for c in row))
         console.print(table)
     for note in result.notes:
-        console.print(f"[dim]note:[/dim] {escape(note)}", highlight=False)
+        note_label = _("note:")
+        console.print(f"[dim]{escape(note_label)}[/dim] {escape(note)}", highlight=False)
     for path in result.figures:
-        console.print(f"figure: {path}", highlight=False)
+        console.print(escape(_("figure: {path}").format(path=path)), highlight=False)
     if out is not None and not result.figures:
         console.print(
-            "[dim]this lesson draws no figure: nothing was written to {out}[/dim]".format(
-                out=escape(str(out))
+            "[dim]{}[/dim]".format(
+                escape(_("this lesson draws no figure: nothing was written to {out}").format(out=out))
             )
         )
     style = _STATUS_STYLE[result.verdict.status]
+    verdict_label = _("verdict:")
     console.print(
-        f"[bold]verdict:[/bold] [{style}]{escape(result.verdict.short)}[/{style}] — {escape(result.verdict.because)}",
+        f"[bold]{escape(verdict_label)}[/bold] [{style}]{escape(verdict_text(result.verdict))}[/{style}]"
+        f" — {escape(result.verdict.because)}",
         highlight=False,
     )
     console.print(f"[dim]{result.seconds:.1f} s[/dim]")
 
 
-@lesson_app.command("run")
+@lesson_app.command(
+    "run", help=N_("Run one lesson (or `all`): print the claim, what was measured, and the computed verdict.")
+)
 def run_lesson(
-    name: str = typer.Argument(..., help="Lesson name (see `lesson list`), or `all`."),
-    out: Path | None = typer.Option(None, "--out", help="Folder for the figures (PNG); none if not given."),
+    name: str = typer.Argument(..., help=N_("Lesson name (see `lesson list`), or `all`.")),
+    out: Path | None = typer.Option(
+        None, "--out", help=N_("Folder for the figures (PNG); none if not given.")
+    ),
 ) -> None:
-    """Run one lesson (or `all`): print the claim, what was measured, and the computed verdict."""
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -152,7 +207,11 @@ def run_lesson(
         except KeyError as e:
             raise UsageError(e.args[0]) from None
         if not lesson.runnable:
-            raise UsageError(f"lesson {name!r} is {lesson.kind}, not runnable: {lesson.reason}")
+            raise UsageError(
+                _("lesson {name!r} is {kind}, not runnable: {reason}").format(
+                    name=name, kind=_(_WORDS[lesson.kind]), reason=_(lesson.reason)
+                )
+            )
         names = [name]
     results = []
     for n in names:
@@ -167,16 +226,20 @@ def run_lesson(
             try:
                 result = lessons.run(n, out_dir=out, progress=progress)
             except ImportError as e:  # the model extra is missing
-                raise UsageError(f"lesson {n!r} needs the real model: {e}") from None
+                raise UsageError(
+                    _("lesson {name!r} needs the real model: {error}").format(name=n, error=e)
+                ) from None
         _print_result(result, out)
         results.append(result)
     if len(results) > 1:
-        summary = Table(title="summary", title_justify="left")
-        for col in ("lesson", "verdict", "seconds"):
+        summary = Table(title=_("summary"), title_justify="left")
+        for col in (_("lesson"), _("verdict"), _("seconds")):
             summary.add_column(col)
         for r in results:
             style = _STATUS_STYLE[r.verdict.status]
-            summary.add_row(r.lesson.name, f"[{style}]{r.verdict.short}[/{style}]", f"{r.seconds:.1f}")
+            summary.add_row(
+                r.lesson.name, f"[{style}]{escape(verdict_text(r.verdict))}[/{style}]", f"{r.seconds:.1f}"
+            )
         console.print(summary)
 
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
+from ..i18n import N_, _
 from . import UsageError, console
 from ._notes import save_png, unknown_tokens_note
 
-_HELP = (
+_HELP = N_(
     "Write one self-contained HTML report (no network, opens from disk): the tokens, a layer × head grid, "
     "a large heatmap with exact weights on hover, the trace tables of a head and per-head statistics. "
     "The model is the built-in all-MiniLM-L6-v2, or any local Hugging Face checkpoint folder (encoder or "
@@ -34,7 +35,9 @@ def _parse_head(spec: str | None) -> tuple[int, int] | None:
     try:
         layer, head = (int(p) for p in spec.split("."))
     except ValueError:
-        raise UsageError(f"--head must be LAYER.HEAD with 0-based integers, e.g. 3.7; got {spec!r}") from None
+        raise UsageError(
+            _("--head must be LAYER.HEAD with 0-based integers, e.g. 3.7; got {value!r}").format(value=spec)
+        ) from None
     return layer, head
 
 
@@ -45,38 +48,53 @@ def _human(n: int) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("report", help=_HELP)
     def report(
-        text: str | None = typer.Argument(None, help="The text to run through the model."),
+        text: str | None = typer.Argument(None, help=N_("The text to run through the model.")),
         model: Path | None = typer.Option(
             None,
             "--model",
             "-m",
-            help="m3e-small (a Chinese model: make zh), or a local Hugging Face checkpoint folder (encoder "
-            "or decoder), instead of all-MiniLM-L6-v2.",
+            help=N_(
+                "m3e-small (a Chinese model: make zh), or a local Hugging Face checkpoint folder (encoder "
+                "or decoder), instead of all-MiniLM-L6-v2."
+            ),
         ),
-        out: Path = typer.Option(Path("report.html"), "--out", "-o", help="Where to write the HTML file."),
-        file: Path | None = typer.Option(None, "--file", "-f", help="Read the text from this UTF-8 file."),
+        out: Path = typer.Option(
+            Path("report.html"), "--out", "-o", help=N_("Where to write the HTML file.")
+        ),
+        file: Path | None = typer.Option(
+            None, "--file", "-f", help=N_("Read the text from this UTF-8 file.")
+        ),
         example: str | None = typer.Option(
-            None, "--example", "-e", help="A lecture's worked example (journey, two-token) or a TOML path."
+            None,
+            "--example",
+            "-e",
+            help=N_("A lecture's worked example (journey, two-token) or a TOML path."),
         ),
         head: str | None = typer.Option(
             None,
             "--head",
-            help="LAYER.HEAD (0-based) selected on opening and stored exactly. Default: the head of "
-            "the strongest long-range link between two words.",
+            help=N_(
+                "LAYER.HEAD (0-based) selected on opening and stored exactly. Default: the head of "
+                "the strongest long-range link between two words."
+            ),
         ),
-        token: int | None = typer.Option(None, "--token", help="Query token selected on opening (0-based)."),
+        token: int | None = typer.Option(
+            None, "--token", help=N_("Query token selected on opening (0-based).")
+        ),
         max_length: int | None = typer.Option(
             None,
             "--max-length",
-            help="Cut the text to this many tokens (2 .. the model's limit, 512 for MiniLM).",
+            help=N_("Cut the text to this many tokens (2 .. the model's limit, 512 for MiniLM)."),
         ),
         png: Path | None = typer.Option(
             None,
             "--png",
-            help="Also save a static PNG (matplotlib): every head as a grid, or the example's heatmap.",
+            help=N_("Also save a static PNG (matplotlib): every head as a grid, or the example's heatmap."),
         ),
         exact_mb: float = typer.Option(
-            8.0, "--exact-mb", help="Megabytes allowed for exact per-head traces (the rest: 8-bit colours)."
+            8.0,
+            "--exact-mb",
+            help=N_("Megabytes allowed for exact per-head traces (the rest: 8-bit colours)."),
         ),
     ) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -86,16 +104,22 @@ def register(app: typer.Typer) -> None:
         sources = [s for s in (text is not None, file is not None, example is not None) if s]
         if len(sources) != 1:
             raise UsageError(
-                'give exactly one of TEXT, --file PATH or --example NAME (e.g. report "Hello world")'
+                _('give exactly one of TEXT, --file PATH or --example NAME (e.g. report "Hello world")')
             )
         if not math.isfinite(exact_mb) or exact_mb <= 0:
-            raise UsageError(f"--exact-mb must be a finite number > 0, got {exact_mb}")
+            raise UsageError(_("--exact-mb must be a finite number > 0, got {value}").format(value=exact_mb))
         if out.exists() and out.is_dir():
-            raise UsageError(f"--out {out} is a directory; give a file name such as {out / 'report.html'}")
+            raise UsageError(
+                _("--out {path} is a directory; give a file name such as {example}").format(
+                    path=out, example=out / "report.html"
+                )
+            )
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise UsageError(f"--out {out}: cannot create its folder ({e.strerror})") from None
+            raise UsageError(
+                _("--out {path}: cannot create its folder ({error})").format(path=out, error=e.strerror)
+            ) from None
         start = time.perf_counter()
 
         if example is not None:
@@ -103,7 +127,7 @@ def register(app: typer.Typer) -> None:
 
             if head is not None:
                 raise UsageError(
-                    "--head applies to model reports; a worked example has one layer and one head"
+                    _("--head applies to model reports; a worked example has one layer and one head")
                 )
             try:
                 ex = load_example(example)
@@ -113,22 +137,26 @@ def register(app: typer.Typer) -> None:
             payload = example_report(ex)
             if token is not None:
                 if not 0 <= token < len(ex.tokens):
-                    raise UsageError(f"--token must be in 0..{len(ex.tokens) - 1}, got {token}")
+                    raise UsageError(
+                        _("--token must be in 0..{last}, got {value}").format(
+                            last=len(ex.tokens) - 1, value=token
+                        )
+                    )
                 payload["initial"]["token"] = token
-            what = f"worked example “{ex.name}” ({len(ex.tokens)} tokens)"
+            what = _("worked example “{name}” ({n} tokens)").format(name=ex.name, n=len(ex.tokens))
         else:
             if file is not None:
                 if file.is_dir():
-                    raise UsageError(f"--file {file} is a directory; give a text file")
+                    raise UsageError(_("--file {path} is a directory; give a text file").format(path=file))
                 if not file.is_file():
-                    raise UsageError(f"--file {file}: no such file")
+                    raise UsageError(_("--file {path}: no such file").format(path=file))
                 try:
                     text = file.read_text(encoding="utf-8")
                 except UnicodeDecodeError:
-                    raise UsageError(f"--file {file}: not a UTF-8 text file") from None
+                    raise UsageError(_("--file {path}: not a UTF-8 text file").format(path=file)) from None
             assert text is not None
             if not text.strip():
-                raise UsageError("the text is empty: give at least one word")
+                raise UsageError(_("the text is empty: give at least one word"))
             from .. import pretrained
 
             try:
@@ -136,10 +164,10 @@ def register(app: typer.Typer) -> None:
             except ImportError as e:
                 raise UsageError(str(e)) from None
             except ValueError as e:
-                raise UsageError("--model: {error}".format(error=e)) from None
+                raise UsageError(_("--model: {error}").format(error=e)) from None
             if max_length is not None and not 2 <= max_length <= (limit or max_length):
                 raise UsageError(
-                    "--max-length must be in 2..{limit}, got {value}".format(limit=limit, value=max_length)
+                    _("--max-length must be in 2..{limit}, got {value}").format(limit=limit, value=max_length)
                 )
             head_lh = _parse_head(head)
             name = pretrained.model_label(model)
@@ -150,13 +178,13 @@ def register(app: typer.Typer) -> None:
                 console=console,
                 transient=True,
             ) as progress:
-                task = progress.add_task("loading {name} (offline)…".format(name=name), total=None)
+                task = progress.add_task(_("loading {name} (offline)…").format(name=name), total=None)
                 try:
                     pretrained.load_model(model)
                 except ValueError as e:
-                    raise UsageError("--model: {error}".format(error=e)) from None
+                    raise UsageError(_("--model: {error}").format(error=e)) from None
                 progress.update(
-                    task, description="running the model on our attention (and eager, to compare)…"
+                    task, description=_("running the model on our attention (and eager, to compare)…")
                 )
                 try:
                     run = pretrained.run_text(text, model=model, max_length=max_length, compare=True)
@@ -165,13 +193,13 @@ def register(app: typer.Typer) -> None:
                 n_layers, n_heads = run.n_layers, run.n_heads
                 if head_lh is not None and not (0 <= head_lh[0] < n_layers and 0 <= head_lh[1] < n_heads):
                     raise UsageError(
-                        "--head {head}: the layer must be in 0..{last_layer} and the head in 0..{last_head}".format(
-                            head=head, last_layer=n_layers - 1, last_head=n_heads - 1
-                        )
+                        _(
+                            "--head {head}: the layer must be in 0..{last_layer} and the head in 0..{last_head}"
+                        ).format(head=head, last_layer=n_layers - 1, last_head=n_heads - 1)
                     )
                 if token is not None and not 0 <= token < len(run.tokens):
                     raise UsageError(
-                        "--token must be in 0..{last}, got {value}".format(
+                        _("--token must be in 0..{last}, got {value}").format(
                             last=len(run.tokens) - 1, value=token
                         )
                     )
@@ -180,7 +208,7 @@ def register(app: typer.Typer) -> None:
                     progress.update(task, description=msg + "…")
 
                 payload = model_report(run, head=head_lh, token=token, exact_budget_mb=exact_mb, progress=say)
-                say("writing {out}".format(out=out))
+                say(_("writing {out}").format(out=out))
                 size = write_report(payload, out)
             from .._scripts import has_cjk
             from ..fonts import find_cjk_font
@@ -189,8 +217,11 @@ def register(app: typer.Typer) -> None:
                 console.print(
                     "[yellow]"
                     + escape(
-                        "note: no CJK font to embed, so the page shows Chinese only where the browser has a "
-                        "CJK font of its own: run `make zh` (or pip install --no-deps paperang-p2-fonts-cjk==0.1.0)."
+                        _(
+                            "note: no CJK font to embed, so the page shows Chinese only where the browser has "
+                            "a CJK font of its own: run `make zh` (or pip install --no-deps "
+                            "paperang-p2-fonts-cjk==0.1.0)."
+                        )
                     )
                     + "[/yellow]"
                 )
@@ -201,20 +232,20 @@ def register(app: typer.Typer) -> None:
                 console.print(
                     "[yellow]"
                     + escape(
-                        "note: {name} was trained on inputs of at most {trained} tokens (its own files say so); "
-                        "this text has {n}, so its attention past position {trained} is less reliable.".format(
-                            name=name, trained=run.trained_length, n=len(run.tokens)
-                        )
+                        _(
+                            "note: {name} was trained on inputs of at most {trained} tokens (its own files say so); "
+                            "this text has {n}, so its attention past position {trained} is less reliable."
+                        ).format(name=name, trained=run.trained_length, n=len(run.tokens))
                     )
                     + "[/yellow]"
                 )
             lh = payload["initial"]
-            what = (
+            what = _(
                 "{n} tokens{cut}, {layers} layers × {heads} heads, opens on layer {layer} · head {head} and "
                 "the token “{token}”"
             ).format(
                 n=len(run.tokens),
-                cut=" (text cut to the model's limit)" if run.truncated else "",
+                cut=_(" (text cut to the model's limit)") if run.truncated else "",
                 layers=n_layers,
                 heads=n_heads,
                 layer=lh["layer"],
@@ -236,12 +267,26 @@ def register(app: typer.Typer) -> None:
                     run.weights(lh["layer"], lh["head"]),
                     run.tokens,
                     run.tokens,
-                    title="{title} · layer {layer}, head {head}".format(
+                    title=_("{title} · layer {layer}, head {head}").format(
                         title=payload["title"], layer=lh["layer"], head=lh["head"]
                     ),
                 )
             save_png(fig, png, dpi=120)
-            console.print(f"[green]wrote[/green] {png}")
+            console.print("[green]{}[/green] {}".format(_("wrote"), escape(str(png))))
         seconds = time.perf_counter() - start
-        console.print(f"[green]wrote[/green] {out} ({_human(size)}, {seconds:.1f} s): {what}")
-        console.print(f"[dim]open it in any browser: file://{out.resolve()}[/dim]", highlight=False)
+        console.print(
+            "[green]{}[/green] {}".format(
+                _("wrote"),
+                escape(
+                    _("{out} ({size}, {seconds:.1f} s): {what}").format(
+                        out=out, size=_human(size), seconds=seconds, what=what
+                    )
+                ),
+            )
+        )
+        console.print(
+            "[dim]{}[/dim]".format(
+                escape(_("open it in any browser: file://{path}").format(path=out.resolve()))
+            ),
+            highlight=False,
+        )

@@ -17,6 +17,7 @@ import time
 import typer
 from rich.table import Table
 
+from ..i18n import N_, _
 from . import UsageError, console
 
 #: Largest difference of output, dQ, dK, dV (float32 ring vs float64 spec) that passes.
@@ -34,7 +35,7 @@ def _worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None:
     try:
         g = torch.Generator().manual_seed(0)  # the same global sequence on every rank
         shape = (1, cfg["heads"], cfg["seq_len"], cfg["head_dim"])
-        full = [torch.randn(shape, generator=g) for _ in range(4)]
+        full = [torch.randn(shape, generator=g) for _i in range(4)]
         q, k, v, grad = (sd.shard_sequence(t, world, rank, cfg["layout"]) for t in full)
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         stats = sd.RingStats()
@@ -59,20 +60,22 @@ def _free_port() -> int:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("ring")
+    @app.command(
+        "ring",
+        help=N_("Ring (sequence-parallel) attention on N local processes, checked against one process."),
+    )
     def ring(
-        world_size: int = typer.Option(2, "--world-size", "-n", help="processes (ranks) on this machine"),
+        world_size: int = typer.Option(2, "--world-size", "-n", help=N_("processes (ranks) on this machine")),
         seq_len: int = typer.Option(
-            1000, "--seq-len", help="global sequence length T (need not be a multiple of N)"
+            1000, "--seq-len", help=N_("global sequence length T (need not be a multiple of N)")
         ),
         heads: int = typer.Option(4, "--heads"),
         head_dim: int = typer.Option(64, "--head-dim"),
         causal: bool = typer.Option(False, "--causal"),
-        layout: str = typer.Option("contiguous", "--layout", help="contiguous or zigzag"),
-        block_size: int = typer.Option(256, "--block-size", help="tile rows inside a rank"),
-        timeout: float = typer.Option(60.0, "--timeout", help="seconds to wait for the ranks to join"),
+        layout: str = typer.Option("contiguous", "--layout", help=N_("contiguous or zigzag")),
+        block_size: int = typer.Option(256, "--block-size", help=N_("tile rows inside a rank")),
+        timeout: float = typer.Option(60.0, "--timeout", help=N_("seconds to wait for the ranks to join")),
     ) -> None:
-        """Ring (sequence-parallel) attention on N local processes, checked against one process."""
         import torch
         import torch.multiprocessing as mp
 
@@ -80,18 +83,24 @@ def register(app: typer.Typer) -> None:
         from ..functional import scaled_dot_product_attention
 
         if not 1 <= world_size <= 64:
-            raise UsageError(f"--world-size must be between 1 and 64, got {world_size}")
+            raise UsageError(_("--world-size must be between 1 and 64, got {value}").format(value=world_size))
         for name, value in (("--seq-len", seq_len), ("--heads", heads), ("--head-dim", head_dim)):
             if value < 1:
-                raise UsageError(f"{name} must be at least 1, got {value}")
+                raise UsageError(_("{name} must be at least 1, got {value}").format(name=name, value=value))
         if seq_len > 8192:
             raise UsageError(
-                f"--seq-len {seq_len}: the check needs the whole sequence in one process; use ≤ 8192"
+                _("--seq-len {value}: the check needs the whole sequence in one process; use ≤ 8192").format(
+                    value=seq_len
+                )
             )
         if layout not in sd.LAYOUTS:
-            raise UsageError(f"--layout must be one of {', '.join(sd.LAYOUTS)}, got {layout!r}")
+            raise UsageError(
+                _("--layout must be one of {choices}, got {value!r}").format(
+                    choices=", ".join(sd.LAYOUTS), value=layout
+                )
+            )
         if block_size < 1 or timeout <= 0:
-            raise UsageError("--block-size and --timeout must be positive")
+            raise UsageError(_("--block-size and --timeout must be positive"))
         cfg = dict(
             seq_len=seq_len,
             heads=heads,
@@ -102,13 +111,13 @@ def register(app: typer.Typer) -> None:
             timeout=timeout,
         )
         with tempfile.TemporaryDirectory() as d:
-            with console.status(f"ring attention on {world_size} process(es) …"):
+            with console.status(_("ring attention on {n} process(es) …").format(n=world_size)):
                 mp.spawn(_worker, args=(world_size, _free_port(), cfg, d), nprocs=world_size, join=True)
             parts = [torch.load(os.path.join(d, f"{r}.pt"), weights_only=False) for r in range(world_size)]
 
         g = torch.Generator().manual_seed(0)
         shape = (1, heads, seq_len, head_dim)
-        q, k, v, grad = (torch.randn(shape, generator=g).double() for _ in range(4))
+        q, k, v, grad = (torch.randn(shape, generator=g).double() for _i in range(4))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         ref = scaled_dot_product_attention(q, k, v, is_causal=causal)
         ref.backward(grad)
@@ -118,11 +127,21 @@ def register(app: typer.Typer) -> None:
             err[key] = (got - want).abs().max().item()
 
         table = Table(
-            title=f"ring attention, T={seq_len}, H={heads}, D={head_dim}, causal={causal}, {layout}"
+            title=_("ring attention, T={T}, H={H}, D={D}, causal={causal}, {layout}").format(
+                T=seq_len, H=heads, D=head_dim, causal=causal, layout=layout
+            )
         )
-        for col in ("rank", "rows", "first positions", "sent MiB", "messages", "tiles computed", "skipped"):
+        for col in (
+            _("rank"),
+            _("rows"),
+            _("first positions"),
+            _("sent MiB"),
+            _("messages"),
+            _("tiles computed"),
+            _("skipped"),
+            _("fwd+bwd s"),
+        ):
             table.add_column(col, justify="right")
-        table.add_column("fwd+bwd s", justify="right")
         for r, p in enumerate(parts):
             pos = sd.sequence_positions(seq_len, world_size, r, layout)
             st = p["stats"]
@@ -138,7 +157,7 @@ def register(app: typer.Typer) -> None:
             )
         console.print(table)
         console.print(
-            "max |ring − single process| (float32 vs float64 spec): {diffs}".format(
+            _("max |ring − single process| (float32 vs float64 spec): {diffs}").format(
                 diffs=", ".join(f"{k} {v:.1e}" for k, v in err.items())
             ),
             highlight=False,
@@ -146,13 +165,17 @@ def register(app: typer.Typer) -> None:
         worst = max(err, key=err.__getitem__)
         if err[worst] > TOLERANCE:
             console.print(
-                "[bold red]FAIL[/bold red]: {what} differs by {diff:.1e} > {tol:.0e} from the "
-                "single-process result".format(what=worst, diff=err[worst], tol=TOLERANCE),
+                _(
+                    "[bold red]FAIL[/bold red]: {what} differs by {diff:.1e} > {tol:.0e} from the "
+                    "single-process result"
+                ).format(what=worst, diff=err[worst], tol=TOLERANCE),
                 highlight=False,
             )
             raise typer.Exit(1)
         console.print(
-            "[bold green]PASS[/bold green]: output and gradients within {tol:.0e} of the single-process "
-            "result (largest: {what} {diff:.1e})".format(what=worst, diff=err[worst], tol=TOLERANCE),
+            _(
+                "[bold green]PASS[/bold green]: output and gradients within {tol:.0e} of the single-process "
+                "result (largest: {what} {diff:.1e})"
+            ).format(what=worst, diff=err[worst], tol=TOLERANCE),
             highlight=False,
         )

@@ -82,14 +82,16 @@ class Sampling:
 
     def describe(self) -> str:
         """One line for people: ``greedy`` or ``sampled: temperature 0.8, top-k 40, top-p 0.95, seed 0``."""
+        from ..i18n import _
+
         if self.greedy:
-            return "greedy (arg-max)"
-        parts = [f"temperature {self.temperature:g}"]
+            return _("greedy (arg-max)")
+        parts = [_("temperature {value:g}").format(value=self.temperature)]
         if self.top_k is not None:
             parts.append(f"top-k {self.top_k}")
         if self.top_p < 1:
             parts.append(f"top-p {self.top_p:g}")
-        return "sampled: " + ", ".join(parts) + f", seed {self.seed}"
+        return _("sampled: {parts}, seed {seed}").format(parts=", ".join(parts), seed=self.seed)
 
 
 GREEDY = Sampling()

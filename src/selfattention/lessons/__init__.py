@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 
+from ..i18n import _
 from ._base import (
     FAILS,
     HOLDS,
@@ -77,7 +78,9 @@ def get(name: str) -> Lesson:
     """The lesson called ``name``; ``KeyError`` listing the names when there is none."""
     lessons = {lesson.name: lesson for lesson in all_lessons()}
     if name not in lessons:
-        raise KeyError(f"no lesson named {name!r}; lessons are: {', '.join(lessons)}")
+        raise KeyError(
+            _("no lesson named {name!r}; lessons are: {names}").format(name=name, names=", ".join(lessons))
+        )
     return lessons[name]
 
 

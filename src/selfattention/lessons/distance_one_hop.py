@@ -14,17 +14,20 @@ from typing import Any
 
 import torch
 
+from ..i18n import N_, _
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="distance-one-hop",
-    summary="any two positions: one step apart",
+    summary=N_("any two positions: one step apart"),
     lecture="000",
     section="Self-attention 相对 RNN 的两个根本变化；003 §4 对照表",
     claim_zh="任意两 token 距离 1 跳：不依赖中间，无梯度沿时间衰减（003：路径长度恒为 1，不随距离增长而衰减）",
-    claim_en="Any two positions are one step apart: the gradient from an output to a distant input does "
-    "not decay with distance, unlike an RNN's.",
+    claim_en=N_(
+        "Any two positions are one step apart: the gradient from an output to a distant input does "
+        "not decay with distance, unlike an RNN's."
+    ),
     kind="measured",
     module="distance_one_hop",
 )
@@ -45,7 +48,7 @@ def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``attention_far_over_near`` and ``rnn_far_over_near`` (mean gradient norm at distances ≥ T/2
     over the mean at distances 1–4)."""
     a, r = m["attention_far_over_near"], m["rnn_far_over_near"]
-    text = f"far/near gradient ratio: attention {a:.2f}, RNN {r:.1e}"
+    text = _("far/near gradient ratio: attention {a:.2f}, RNN {r:.1e}").format(a=a, r=r)
     if a < 0.2:
         return Verdict(FAILS, text)
     return Verdict(HOLDS, text)
@@ -74,8 +77,10 @@ def run(
     }
     shown = [1, 2, 4, 8, 16, 32, T - 1]
     table = ResultTable(
-        f"‖∂(u·z_last)/∂x_j‖ by distance, T = {T}, d = {d}, mean of {seeds} random models (float64)",
-        ["distance", "SelfAttention", "torch.nn.RNN (tanh)"],
+        _("‖∂(u·z_last)/∂x_j‖ by distance, T = {T}, d = {d}, mean of {seeds} random models (float64)").format(
+            T=T, d=d, seeds=seeds
+        ),
+        [_("distance"), _("SelfAttention"), _("torch.nn.RNN (tanh)")],
         [[k, f"{att[k]:.3e}", f"{rnn[k]:.3e}"] for k in shown if k < T],
     )
     figures = []

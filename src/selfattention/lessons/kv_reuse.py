@@ -15,17 +15,19 @@ from typing import Any
 import torch
 
 from ..functional import scaled_dot_product_attention
+from ..i18n import N_, _
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="kv-reuse",
-    summary="past K and V never change: cache",
+    summary=N_("past K and V never change: cache"),
     lecture="003",
     section="五、和后面课程的关系 (第 22 讲 KV Cache)",
     claim_zh="生成文字时，之前位置的 K、V 一旦算过就不会变，可以缓存下来避免重复计算",
-    claim_en="When generating, the K and V of earlier positions never change once computed, so they can "
-    "be cached.",
+    claim_en=N_(
+        "When generating, the K and V of earlier positions never change once computed, so they can be cached."
+    ),
     kind="measured",
     module="kv_reuse",
     needs_model=True,
@@ -51,13 +53,19 @@ def verdict(m: dict[str, Any]) -> Verdict:
     ``cached_output_error`` (cached vs full output), ``bidirectional_prefix_change``."""
     c, e, b = m["causal_prefix_change"], m["cached_output_error"], m["bidirectional_prefix_change"]
     if c > TOLERANCE or e > TOLERANCE:
-        return Verdict(FAILS, f"causal: prefix K/V changed by {c:.3g}, cached output off by {e:.3g}")
+        return Verdict(
+            FAILS, _("causal: prefix K/V changed by {c:.3g}, cached output off by {e:.3g}").format(c=c, e=e)
+        )
     if b <= TOLERANCE:
-        return Verdict(HOLDS, "prefix K/V unchanged with and without a causal mask")
+        return Verdict(HOLDS, _("prefix K/V unchanged with and without a causal mask"))
     return Verdict(
         ONLY_WHEN,
-        f"causal: prefix K/V change {c:.0e}, cached output error {e:.0e}; bidirectional: prefix K/V of layer 1 change by {b:.2f}",
-        condition="attention is causal (a decoder); in a bidirectional encoder later tokens change earlier K/V from layer 1 on (0-based)",
+        _(
+            "causal: prefix K/V change {c:.0e}, cached output error {e:.0e}; bidirectional: prefix K/V of layer 1 change by {b:.2f}"
+        ).format(c=c, e=e, b=b),
+        condition=_(
+            "attention is causal (a decoder); in a bidirectional encoder later tokens change earlier K/V from layer 1 on (0-based)"
+        ),
     )
 
 
@@ -78,11 +86,11 @@ def run(
     with torch.no_grad():
         for causal in (True, False):
             kv_full, out_full = stack_kv(layers, x, causal)
-            kv_prefix, _ = stack_kv(layers, x[:-1], causal)
+            kv_prefix, _out = stack_kv(layers, x[:-1], causal)
             per_layer = [(a[:-1] - b).abs().max().item() for a, b in zip(kv_full, kv_prefix, strict=True)]
             key = "causal_prefix_change" if causal else "bidirectional_prefix_change"
             m[key] = max(per_layer)
-            rows.append(["causal" if causal else "bidirectional", *(f"{v:.1e}" for v in per_layer)])
+            rows.append([_("causal") if causal else _("bidirectional"), *(f"{v:.1e}" for v in per_layer)])
             if causal:
                 # decode the last token from the cache: one query against all T cached keys
                 h, err = x, 0.0
@@ -95,14 +103,21 @@ def run(
                 m["cached_output_error"] = err
     tables = [
         ResultTable(
-            f"2 random SelfAttention layers, T = {T}: max change of the first T−1 positions' K, V when token T is appended",
-            ["attention", "layer 0", "layer 1"],
+            _(
+                "2 random SelfAttention layers, T = {T}: max change of the first T−1 positions' K, V when token T is appended"
+            ).format(T=T),
+            [_("attention"), _("layer 0"), _("layer 1")],
             rows,
         ),
         ResultTable(
-            "the new token from cached K, V (Tq = 1, bottom-right causal) vs full recomputation",
-            ["quantity", "value"],
-            [["max |cached − full|", f"{m['cached_output_error']:.1e}"]],
+            _("the new token from cached K, V (Tq = 1, bottom-right causal) vs full recomputation"),
+            [_("quantity"), _("value")],
+            [
+                [
+                    _("max |cached − full|"),
+                    f"{m['cached_output_error']:.1e}",
+                ]
+            ],
         ),
     ]
     if use_model:
@@ -117,8 +132,8 @@ def run(
         m["model_key_change"] = change.tolist()
         tables.append(
             ResultTable(
-                "MiniLM (bidirectional): keys of '[CLS] the cat sat' alone vs followed by 'on the mat.'",
-                ["layer", "max |ΔK|"],
+                _("MiniLM (bidirectional): keys of '[CLS] the cat sat' alone vs followed by 'on the mat.'"),
+                [_("layer"), _("max |ΔK|")],
                 [[i, f"{v:.2e}"] for i, v in enumerate(change.tolist())],
             )
         )
@@ -128,8 +143,10 @@ def run(
         verdict(m),
         tables=tables,
         notes=[
-            "Layers count from 0. Layer 0's K and V are x·W of the inputs and never change; from layer 1 on "
-            "they depend on "
-            "attention outputs, which only a causal mask keeps independent of later tokens."
+            _(
+                "Layers count from 0. Layer 0's K and V are x·W of the inputs and never change; from layer 1 on "
+                "they depend on "
+                "attention outputs, which only a causal mask keeps independent of later tokens."
+            )
         ],
     )

@@ -22,17 +22,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..i18n import N_, _
 from ..modules import SelfAttention, SimpleSelfAttention
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict, progress_steps, torch_threads
 
 LESSON = Lesson(
     name="limitations-training",
-    summary="no parameters, no learned lookups",
+    summary=N_("no parameters, no learned lookups"),
     lecture="000",
     section="这个版本的局限在哪？ — 三个表达力受限的具体表现",
     claim_zh="简化版只能学相似，学不出这些（反义/句法关系）；ω_ij = ω_ji 无方向性；内容与查询混淆——引入 W_Q, W_K, W_V 同时解掉三个限制",
-    claim_en="With no learnable projections, attention can only follow similarity, is symmetric and ties "
-    "query, key and content together, so it cannot learn to fetch from a dissimilar partner; Q/K/V can.",
+    claim_en=N_(
+        "With no learnable projections, attention can only follow similarity, is symmetric and ties "
+        "query, key and content together, so it cannot learn to fetch from a dissimilar partner; Q/K/V can."
+    ),
     kind="measured",
     module="limitations_training",
     budget="2 min",
@@ -77,7 +80,7 @@ def train_one(
     model = TaskModel(attention, d)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
-    for _ in range(steps):
+    for _step in range(steps):
         s, p, y = make_batch(batch, gen)
         loss = nn.functional.cross_entropy(model(s, p).flatten(0, 1), y.flatten())
         opt.zero_grad()
@@ -92,12 +95,26 @@ def train_one(
     return {"accuracy": acc, "losses": losses}
 
 
+#: the models' names, the keys of the measurements (shown translated)
+_MODELS = (N_("parameter-free"), N_("Q/K/V"))
+
+
 def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``accuracy`` = {"parameter-free": [per seed], "Q/K/V": [per seed]}, ``chance``."""
     free, qkv = m["accuracy"]["parameter-free"], m["accuracy"]["Q/K/V"]
     mf, mq = statistics.mean(free), statistics.mean(qkv)
     spread = max(max(free) - min(free), max(qkv) - min(qkv))
-    text = f"accuracy parameter-free {mf:.2f} (range {min(free):.2f}–{max(free):.2f}) vs Q/K/V {mq:.2f} ({min(qkv):.2f}–{max(qkv):.2f}), chance {m['chance']:.2f}"
+    text = _(
+        "accuracy parameter-free {mf:.2f} (range {free_lo:.2f}–{free_hi:.2f}) vs Q/K/V {mq:.2f} ({qkv_lo:.2f}–{qkv_hi:.2f}), chance {chance:.2f}"
+    ).format(
+        mf=mf,
+        free_lo=min(free),
+        free_hi=max(free),
+        mq=mq,
+        qkv_lo=min(qkv),
+        qkv_hi=max(qkv),
+        chance=m["chance"],
+    )
     if mq >= 0.9 and min(qkv) > max(free) and mq - mf > max(0.2, spread):
         return Verdict(HOLDS, text)
     return Verdict(FAILS, text)
@@ -117,7 +134,7 @@ def run(
     results: dict[str, list[dict[str, Any]]] = {"parameter-free": [], "Q/K/V": []}
     with (
         torch_threads(threads),
-        progress_steps(progress, "training 2 models × seeds", 2 * seeds * steps) as advance,
+        progress_steps(progress, _("training 2 models × seeds"), 2 * seeds * steps) as advance,
     ):
         for kind in results:
             for seed in range(seeds):
@@ -135,16 +152,17 @@ def run(
         sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
         rows.append(
             [
-                k,
+                _(k),
                 f"{statistics.mean(acc):.3f} ± {sd:.3f}",
                 " ".join(f"{a:.3f}" for a in acc),
                 f"{statistics.mean(m['final_loss'][k]):.3f}",
             ]
         )
     table = ResultTable(
-        f"fetch-your-partner task: {seeds} seeds × {steps} steps × batch {batch}, d = {d}, Adam lr {lr}; "
-        f"test on 2000 fresh sequences (chance {1 / PAYLOADS:.2f})",
-        ["attention", "accuracy mean ± sd", "per seed", "final train loss"],
+        _(
+            "fetch-your-partner task: {seeds} seeds × {steps} steps × batch {batch}, d = {d}, Adam lr {lr}; test on 2000 fresh sequences (chance {value:.2f})"
+        ).format(seeds=seeds, steps=steps, batch=batch, d=d, lr=lr, value=1 / PAYLOADS),
+        [_("attention"), _("accuracy mean ± sd"), _("per seed"), _("final train loss")],
         rows,
     )
     figures = []

@@ -28,16 +28,19 @@ from typing import Any
 import torch
 
 from ..functional import attention_steps
+from ..i18n import N_, _
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict, progress_steps
 
 LESSON = Lesson(
     name="n-squared-bill",
-    summary="1000 → 4000 tokens costs 16× (n²)",
+    summary=N_("1000 → 4000 tokens costs 16× (n²)"),
     lecture="003",
     section="四、这一讲机制自带的代价；思考题 5",
     claim_zh="序列长度翻倍，需要计算和存储的分数数量变成 4 倍……从 1000 个 token 增加到 4000 个 token，打分表的计算量大概会变成原来的多少倍？",
-    claim_en="Exercise 5: the n × n score table makes memory and compute grow as n²: 1000 → 4000 tokens "
-    "costs about 16×.",
+    claim_en=N_(
+        "Exercise 5: the n × n score table makes memory and compute grow as n²: 1000 → 4000 tokens "
+        "costs about 16×."
+    ),
     kind="exercise",
     module="n_squared",
 )
@@ -105,33 +108,47 @@ def verdict(m: dict[str, Any]) -> Verdict:
     flops, mem = m["flops_ratio"], m["memory_ratio"]
     full, tiled = m["time_ratio"], m["tiled_time_ratio"]
     if abs(flops / expected - 1) > 1e-9 or abs(mem / expected - 1) > 0.1:
-        return Verdict(FAILS, f"FLOPs grew {flops:.1f}× and memory {mem:.1f}×, not ≈ {expected:.0f}×")
-    head = f"{small} → {large} tokens: score FLOPs {flops:.0f}× (counted), (T, T) memory {mem:.1f}×"
+        return Verdict(
+            FAILS,
+            _("FLOPs grew {flops:.1f}× and memory {mem:.1f}×, not ≈ {expected:.0f}×").format(
+                flops=flops, mem=mem, expected=expected
+            ),
+        )
+    head = _("{small} → {large} tokens: score FLOPs {flops:.0f}× (counted), (T, T) memory {mem:.1f}×").format(
+        small=small, large=large, flops=flops, mem=mem
+    )
     within = expected / 2 <= full <= expected * 2
     cache = m.get("cache_bytes")
     if within:
-        why = f"materialised time {full:.1f}× too"
+        why = _("materialised time {full:.1f}× too").format(full=full)
     elif cache and m["table_bytes_large"] > cache >= m["table_bytes_small"]:
-        why = (
-            f"the materialised path took {full:.1f}×: at T = {large} its (T, T) tensors "
-            f"({_mib(m['table_bytes_large'])} MiB) no longer fit the {_mib(cache)} MiB cache, so it is "
-            "memory-bound"
-        )
+        why = _(
+            "the materialised path took {full:.1f}×: at T = {large} its (T, T) tensors ({mib} MiB) no longer fit the {mib2} MiB cache, so it is memory-bound"
+        ).format(full=full, large=large, mib=_mib(m["table_bytes_large"]), mib2=_mib(cache))
     else:
-        why = f"the materialised path took {full:.1f}× (it moves ≈ {TABLE_PASSES} (T, T) tables per call)"
+        why = _(
+            "the materialised path took {full:.1f}× (it moves ≈ {TABLE_PASSES} (T, T) tables per call)"
+        ).format(full=full, TABLE_PASSES=TABLE_PASSES)
     if expected / 2 <= tiled <= expected * 2:
-        return Verdict(HOLDS, f"{head}; tiled time {tiled:.1f}× (compute-bound); {why}")
+        return Verdict(
+            HOLDS,
+            _("{head}; tiled time {tiled:.1f}× (compute-bound); {why}").format(
+                head=head, tiled=tiled, why=why
+            ),
+        )
     return Verdict(
         ONLY_WHEN,
-        f"{head}; but tiled time {tiled:.1f}× and materialised {full:.1f}× (n² predicts {expected:.0f}×)",
-        condition="counting FLOPs and memory; neither path's measured time grew as n²",
+        _(
+            "{head}; but tiled time {tiled:.1f}× and materialised {full:.1f}× (n² predicts {expected:.0f}×)"
+        ).format(head=head, tiled=tiled, full=full, expected=expected),
+        condition=_("counting FLOPs and memory; neither path's measured time grew as n²"),
     )
 
 
 def _median_seconds(fn: Any, repeats: int) -> float:
     fn()  # warm-up: allocator and caches
     times = []
-    for _ in range(repeats):
+    for _step in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -159,7 +176,7 @@ def run(
         torch.set_num_threads(threads)
     mem, full, tiled = {}, {}, {}
     try:
-        with progress_steps(progress, "n² bill", len(sizes)) as advance, torch.no_grad():
+        with progress_steps(progress, _("n² bill"), len(sizes)) as advance, torch.no_grad():
             for t in sizes:
                 q, k, v = (torch.randn(t, d, generator=gen) for _ in range(3))
                 steps = attention_steps(q, k, v)
@@ -210,12 +227,15 @@ def run(
             f"{m['tiled_time_ratio']:.1f}×",
         ]
     )
-    rows.append(["n² predicts", *[f"{(large / small) ** 2:.0f}×"] * 5])
+    rows.append([_("n² predicts"), *[f"{(large / small) ** 2:.0f}×"] * 5])
     n_threads = threads or torch.get_num_threads()
     table = ResultTable(
-        f"one head, float32, d = {d}, {n_threads} thread(s), median of {repeats}; "
-        f"last-level cache {_mib(cache) + ' MiB' if cache else 'unknown'}",
-        ["T", "score GFLOP", "(T,T) MiB held", "MiB moved", "materialised ms", "tiled ms"],
+        _(
+            "one head, float32, d = {d}, {n_threads} thread(s), median of {repeats}; last-level cache {value}"
+        ).format(
+            d=d, n_threads=n_threads, repeats=repeats, value=_mib(cache) + " MiB" if cache else "unknown"
+        ),
+        ["T", _("score GFLOP"), _("(T,T) MiB held"), _("MiB moved"), _("materialised ms"), _("tiled ms")],
         rows,
     )
     figures = []
@@ -245,14 +265,18 @@ def run(
         tables=[table],
         figures=figures,
         notes=[
-            "score GFLOP = 2·T²·d for Q Kᵀ (weights · V costs the same again); MiB moved = "
-            f"{TABLE_PASSES} passes of the materialising path over a (T, T) float32 table (an estimate "
-            "from counting them, not a measurement).",
-            "Both paths do the same FLOPs. The materialised one also streams its (T, T) tables through "
-            "memory; once they outgrow the cache that traffic, not the arithmetic, sets its time. The "
-            "tiled path never holds the table, so its memory grows as T and its time as the FLOPs: why "
-            "long context needs O(n)-memory kernels (lecture 23).",
-            "Finer tokenization means more tokens, and the bill grows with their square (lecture 7's "
-            "point): text that splits into 2× as many tokens costs ≈ 4× in attention.",
+            _(
+                "score GFLOP = 2·T²·d for Q Kᵀ (weights · V costs the same again); MiB moved = {TABLE_PASSES} passes of the materialising path over a (T, T) float32 table (an estimate from counting them, not a measurement)."
+            ).format(TABLE_PASSES=TABLE_PASSES),
+            _(
+                "Both paths do the same FLOPs. The materialised one also streams its (T, T) tables through "
+                "memory; once they outgrow the cache that traffic, not the arithmetic, sets its time. The "
+                "tiled path never holds the table, so its memory grows as T and its time as the FLOPs: why "
+                "long context needs O(n)-memory kernels (lecture 23)."
+            ),
+            _(
+                "Finer tokenization means more tokens, and the bill grows with their square (lecture 7's "
+                "point): text that splits into 2× as many tokens costs ≈ 4× in attention."
+            ),
         ],
     )

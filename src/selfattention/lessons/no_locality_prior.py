@@ -13,18 +13,21 @@ from typing import Any
 
 import torch
 
+from ..i18n import N_, _
 from ..modules import SelfAttention
 from ..trace import capture
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="no-locality-prior",
-    summary="no built-in bias to near tokens",
+    summary=N_("no built-in bias to near tokens"),
     lecture="003",
     section="四、这一讲机制自带的代价",
     claim_zh="自注意力本身对“该往哪看”没有任何预先设定的偏好……对序列里任意两个位置一视同仁，具体该重点关注谁，完全靠训练从数据里学出来",
-    claim_en="Attention treats every pair of positions alike: no locality prior is built in; any "
-    "preference for near tokens must be learned (with position information).",
+    claim_en=N_(
+        "Attention treats every pair of positions alike: no locality prior is built in; any "
+        "preference for near tokens must be learned (with position information)."
+    ),
     kind="measured",
     module="no_locality_prior",
     needs_model=True,
@@ -41,14 +44,21 @@ def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``weight_spread`` = max − min of α(a→b) over all distances (float64, no positions)."""
     spread = m["weight_spread"]
     if spread > TOLERANCE:
-        return Verdict(FAILS, f"the weight a→b changes by {spread:.3g} with distance")
+        return Verdict(FAILS, _("the weight a→b changes by {spread:.3g} with distance").format(spread=spread))
     learned = m.get("model_near_over_far")
     extra = (
-        f"; MiniLM learned a neighbour preference: weight at distance 1 is {learned:.1f}× that at ≥ 8"
+        _(
+            "; MiniLM learned a neighbour preference: weight at distance 1 is {learned:.1f}× that at ≥ 8"
+        ).format(learned=learned)
         if learned
         else ""
     )
-    return Verdict(HOLDS, f"α(a→b) constant over {m['distances']} distances (spread {spread:.0e}){extra}")
+    return Verdict(
+        HOLDS,
+        _("α(a→b) constant over {distances} distances (spread {spread:.0e}){extra}").format(
+            distances=m["distances"], spread=spread, extra=extra
+        ),
+    )
 
 
 def run(
@@ -74,7 +84,9 @@ def run(
     m: dict[str, Any] = {"weight_spread": (w.max() - w.min()).item(), "distances": T - 1}
     tables = [
         ResultTable(
-            f"random SelfAttention({d}, {d}), no positions: weight of a (position 0) on b at distance δ",
+            _(
+                "random SelfAttention({d}, {d}), no positions: weight of a (position 0) on b at distance δ"
+            ).format(d=d),
             ["δ", "α(a→b)"],
             [[k, f"{weights[k - 1]:.12f}"] for k in (1, 2, 4, 8, 16, T - 1) if k < T],
         )
@@ -97,8 +109,10 @@ def run(
         m["model_profile"] = profile
         tables.append(
             ResultTable(
-                f"MiniLM ({n} tokens), mean weight between words at distance δ (layers × heads averaged, no [CLS]/[SEP])",
-                ["δ", "mean weight"],
+                _(
+                    "MiniLM ({n} tokens), mean weight between words at distance δ (layers × heads averaged, no [CLS]/[SEP])"
+                ).format(n=n),
+                ["δ", _("mean weight")],
                 [[k, f"{profile[k - 1]:.4f}"] for k in (1, 2, 3, 4, 8, 16) if k <= len(profile)]
                 + [["≥ 8", f"{far:.4f}"]],
             )

@@ -17,16 +17,19 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..i18n import N_, _
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict, progress_steps, torch_threads
 
 LESSON = Lesson(
     name="one-aggregation-per-layer",
-    summary="one layer gathers once",
+    summary=N_("one layer gathers once"),
     lecture="003",
     section="四、这一讲机制自带的代价",
     claim_zh="一层自注意力只做了一次“信息汇聚”……更复杂的推理往往需要好几层自注意力叠加、反复汇聚才能做到",
-    claim_en="One attention layer aggregates once; a chain of lookups (here: two hops) needs stacked layers.",
+    claim_en=N_(
+        "One attention layer aggregates once; a chain of lookups (here: two hops) needs stacked layers."
+    ),
     kind="measured",
     module="one_aggregation",
     budget="2 min",
@@ -72,7 +75,7 @@ def train_one(
     model = HopModel(layers, d)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     losses = []
-    for _ in range(steps):
+    for _step in range(steps):
         a, b, c, y = make_batch(batch, gen)
         loss = nn.functional.cross_entropy(model(a, b, c).flatten(0, 1), y.flatten())
         opt.zero_grad()
@@ -86,13 +89,18 @@ def train_one(
     return {"accuracy": acc, "losses": losses}
 
 
+#: the models' names, the keys of the measurements (shown translated)
+_MODELS = (N_("1 layer"), N_("2 layers"))
+
+
 def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``accuracy`` = {"1 layer": [per seed], "2 layers": [per seed]}."""
     one, two = m["accuracy"]["1 layer"], m["accuracy"]["2 layers"]
     m1, m2 = statistics.mean(one), statistics.mean(two)
-    text = (
-        f"two-hop accuracy: 1 layer {m1:.2f} ({min(one):.2f}–{max(one):.2f}), 2 layers {m2:.2f} "
-        f"({min(two):.2f}–{max(two):.2f}), chance {1 / PAYLOADS:.2f}"
+    text = _(
+        "two-hop accuracy: 1 layer {m1:.2f} ({one_lo:.2f}–{one_hi:.2f}), 2 layers {m2:.2f} ({two_lo:.2f}–{two_hi:.2f}), chance {chance:.2f}"
+    ).format(
+        m1=m1, one_lo=min(one), one_hi=max(one), m2=m2, two_lo=min(two), two_hi=max(two), chance=1 / PAYLOADS
     )
     if m2 >= 0.9 and min(two) > max(one) and m2 - m1 > 0.2:
         return Verdict(HOLDS, text)
@@ -113,7 +121,7 @@ def run(
     results: dict[str, list[dict[str, Any]]] = {"1 layer": [], "2 layers": []}
     with (
         torch_threads(threads),
-        progress_steps(progress, "training 1- and 2-layer models", 2 * seeds * steps) as advance,
+        progress_steps(progress, _("training 1- and 2-layer models"), 2 * seeds * steps) as advance,
     ):
         for layers, key in ((1, "1 layer"), (2, "2 layers")):
             for seed in range(seeds):
@@ -122,11 +130,12 @@ def run(
     rows = []
     for k, acc in m["accuracy"].items():
         sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
-        rows.append([k, f"{statistics.mean(acc):.3f} ± {sd:.3f}", " ".join(f"{a:.3f}" for a in acc)])
+        rows.append([_(k), f"{statistics.mean(acc):.3f} ± {sd:.3f}", " ".join(f"{a:.3f}" for a in acc)])
     table = ResultTable(
-        f"two-hop pointer task: {seeds} seeds × {steps} steps × batch {batch}, d = {d}, Adam lr {lr}; "
-        f"test on 2000 fresh sequences (chance {1 / PAYLOADS:.2f})",
-        ["model", "accuracy mean ± sd", "per seed"],
+        _(
+            "two-hop pointer task: {seeds} seeds × {steps} steps × batch {batch}, d = {d}, Adam lr {lr}; test on 2000 fresh sequences (chance {value:.2f})"
+        ).format(seeds=seeds, steps=steps, batch=batch, d=d, lr=lr, value=1 / PAYLOADS),
+        [_("model"), _("accuracy mean ± sd"), _("per seed")],
         rows,
     )
     figures = []
@@ -149,7 +158,9 @@ def run(
         tables=[table],
         figures=figures,
         notes=[
-            "One layer still beats chance: when next(next(i)) = i the answer is the item's own payload, "
-            "and one hop narrows the candidates; it cannot follow the second pointer."
+            _(
+                "One layer still beats chance: when next(next(i)) = i the answer is the item's own payload, "
+                "and one hop narrows the candidates; it cannot follow the second pointer."
+            )
         ],
     )

@@ -20,17 +20,20 @@ from typing import Any
 
 import torch
 
+from ..i18n import N_
 from . import _polysemy_zh
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="polysemy",
-    summary="one word, many contextual vectors",
+    summary=N_("one word, many contextual vectors"),
     lecture="003",
     section="定性验证：一词多义问题解决了吗",
     claim_zh="两句话里“苹果”查表查出来的初始向量完全相同，但自注意力算出来的最终表示完全不同",
-    claim_en="The same word has one static embedding but different contextual vectors in different "
-    "sentences, because the mixing weights are computed from the sentence (company vs fruit sense).",
+    claim_en=N_(
+        "The same word has one static embedding but different contextual vectors in different "
+        "sentences, because the mixing weights are computed from the sentence (company vs fruit sense)."
+    ),
     kind="measured",
     module="polysemy",
     needs_model=True,

@@ -17,17 +17,20 @@ from typing import Any
 import torch
 
 from ..functional import scaled_dot_product_attention
+from ..i18n import N_, _
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="set-operation-without-positions",
-    summary="no positions: order doesn't count",
+    summary=N_("no positions: order doesn't count"),
     lecture="003",
     section="形式化验证：没有位置编码，自注意力真的是一个集合操作；思考题 3",
     claim_zh="调换输入顺序只会调换输出的顺序标签，每个位置各自算出的内容完全不变……无法区分“狗咬人”和“人咬狗”",
-    claim_en="Exercise 3: without position information, permuting the inputs permutes the outputs and "
-    "changes nothing else, so 'dog bites man' and 'man bites dog' give the same set of vectors.",
+    claim_en=N_(
+        "Exercise 3: without position information, permuting the inputs permutes the outputs and "
+        "changes nothing else, so 'dog bites man' and 'man bites dog' give the same set of vectors."
+    ),
     kind="exercise",
     module="set_operation",
     needs_model=True,
@@ -43,23 +46,37 @@ def verdict(m: dict[str, Any]) -> Verdict:
     optional ``model_nopos_error`` and ``model_pos_error`` (max |h₁ − P h₂| over tokens, float32)."""
     if m["toy_error"] > TOLERANCE or m["random_error"] > TOLERANCE:
         return Verdict(
-            FAILS, f"permuting inputs changed outputs by {max(m['toy_error'], m['random_error']):.3g}"
+            FAILS,
+            _("permuting inputs changed outputs by {max:.3g}").format(
+                max=max(m["toy_error"], m["random_error"])
+            ),
         )
     if m.get("model_nopos_error", 0.0) > MODEL_TOLERANCE:
-        return Verdict(FAILS, f"MiniLM without positions: outputs differ by {m['model_nopos_error']:.3g}")
+        return Verdict(
+            FAILS,
+            _("MiniLM without positions: outputs differ by {model_nopos_error:.3g}").format(
+                model_nopos_error=m["model_nopos_error"]
+            ),
+        )
     broken = m["causal_error"] > TOLERANCE and m.get("model_pos_error", 1.0) > MODEL_TOLERANCE
     if not broken:
-        return Verdict(HOLDS, "equivariant even with a causal mask / position embeddings")
-    parts = [f"|f(PX) − P f(X)| = {m['toy_error']:.0e} (2 tokens), {m['random_error']:.0e} (random)"]
+        return Verdict(HOLDS, _("equivariant even with a causal mask / position embeddings"))
+    parts = [
+        _("|f(PX) − P f(X)| = {toy_error:.0e} (2 tokens), {random_error:.0e} (random)").format(
+            toy_error=m["toy_error"], random_error=m["random_error"]
+        )
+    ]
     if "model_nopos_error" in m:
         parts.append(
-            f"MiniLM {m['model_nopos_error']:.1e} without positions vs {m['model_pos_error']:.2f} with them"
+            _("MiniLM {model_nopos_error:.1e} without positions vs {model_pos_error:.2f} with them").format(
+                model_nopos_error=m["model_nopos_error"], model_pos_error=m["model_pos_error"]
+            )
         )
-    parts.append(f"{m['causal_error']:.2f} with a causal mask")
+    parts.append(_("{causal_error:.2f} with a causal mask").format(causal_error=m["causal_error"]))
     return Verdict(
         ONLY_WHEN,
         "; ".join(parts),
-        condition="no position information enters (no position embeddings, no causal mask)",
+        condition=_("no position information enters (no position embeddings, no causal mask)"),
     )
 
 
@@ -86,7 +103,10 @@ def _model_part(m: dict[str, Any], tables: list[ResultTable]) -> None:
     t2 = tok.convert_ids_to_tokens(enc[1].input_ids[0].tolist())
     perm = [t2.index(t) for t in t1]  # position in sentence 2 of each token of sentence 1
     rows = []
-    for label, ctx in (("with position embeddings", None), ("position embeddings = 0", without_positions)):
+    for label, ctx in (
+        (_("with position embeddings"), None),
+        (_("position embeddings = 0"), without_positions),
+    ):
         with torch.no_grad():
             if ctx is None:
                 h = [model(**e).last_hidden_state[0] for e in enc]
@@ -110,8 +130,10 @@ def _model_part(m: dict[str, Any], tables: list[ResultTable]) -> None:
         )
     tables.append(
         ResultTable(
-            f"MiniLM last layer: “{SENTENCES[0]}” vs “{SENTENCES[1]}” (tokens matched by word)",
-            ["model", "max |h₁ − P h₂|", "cos(dog, dog)", "cos(man, man)", "cos(mean-pooled)"],
+            _("MiniLM last layer: “{SENTENCES_0}” vs “{SENTENCES_1}” (tokens matched by word)").format(
+                SENTENCES_0=SENTENCES[0], SENTENCES_1=SENTENCES[1]
+            ),
+            [_("model"), _("max |h₁ − P h₂|"), _("cos(dog, dog)"), _("cos(man, man)"), _("cos(mean-pooled)")],
             rows,
         )
     )
@@ -143,8 +165,8 @@ def run(
     m: dict[str, Any] = {"toy_error": toy, "random_error": rand_err, "causal_error": causal_err}
     tables = [
         ResultTable(
-            "lecture 003 hand example, inputs swapped",
-            ["order", "output position 1", "output position 2"],
+            _("lecture 003 hand example, inputs swapped"),
+            [_("order"), _("output position 1"), _("output position 2")],
             [
                 ["x₁, x₂", f"[{out[0, 0]:.3f}, {out[0, 1]:.3f}]", f"[{out[1, 0]:.3f}, {out[1, 1]:.3f}]"],
                 [
@@ -155,12 +177,12 @@ def run(
             ],
         ),
         ResultTable(
-            f"random SelfAttention({d}, 16), T = {T}, random permutation P (float64)",
-            ["case", "max |f(PX) − P f(X)|"],
+            _("random SelfAttention({d}, 16), T = {T}, random permutation P (float64)").format(d=d, T=T),
+            [_("case"), _("max |f(PX) − P f(X)|")],
             [
-                ["2-token example", f"{toy:.1e}"],
-                ["no mask", f"{rand_err:.1e}"],
-                ["causal mask", f"{causal_err:.3f}"],
+                [_("2-token example"), f"{toy:.1e}"],
+                [_("no mask"), f"{rand_err:.1e}"],
+                [_("causal mask"), f"{causal_err:.3f}"],
             ],
         ),
     ]
@@ -172,7 +194,9 @@ def run(
         verdict(m),
         tables=tables,
         notes=[
-            "Zeroing the position embeddings leaves only token identity; MiniLM then cannot tell the "
-            "two sentences apart beyond a relabelling of positions."
+            _(
+                "Zeroing the position embeddings leaves only token identity; MiniLM then cannot tell the "
+                "two sentences apart beyond a relabelling of positions."
+            )
         ],
     )

@@ -15,16 +15,19 @@ from typing import Any
 import torch
 
 from ..functional import attention_weights, simple_attention_steps
+from ..i18n import N_, _
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="similar-means-attend",
-    summary="the most similar gets most weight",
+    summary=N_("the most similar gets most weight"),
     lecture="000",
     section="这个版本的局限在哪？ — 相似 = 关注",
     claim_zh="相似 = 关注：ω_ij 就是 x_i 和 x_j 的余弦相似度方向（没缩放的内积），语义相似的 token 必然互相关注",
-    claim_en="In softmax(X Xᵀ) X the weights follow similarity: the most similar token — the token "
-    "itself — gets the largest weight (exactly so when all norms are equal, by Cauchy–Schwarz).",
+    claim_en=N_(
+        "In softmax(X Xᵀ) X the weights follow similarity: the most similar token — the token "
+        "itself — gets the largest weight (exactly so when all norms are equal, by Cauchy–Schwarz)."
+    ),
     kind="measured",
     module="similar_attend",
     needs_model=True,
@@ -44,13 +47,15 @@ def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``equal_norm_self_rate`` and ``unequal_norm_self_rate`` (fractions of rows with argmax = self)."""
     eq, uneq = m["equal_norm_self_rate"], m["unequal_norm_self_rate"]
     if eq < 1.0:
-        return Verdict(FAILS, f"with equal norms argmax = self in only {eq:.1%} of rows")
+        return Verdict(FAILS, _("with equal norms argmax = self in only {eq:.1%} of rows").format(eq=eq))
     if uneq >= 1.0:
-        return Verdict(HOLDS, "argmax = self in 100% of rows, with equal and with unequal norms")
+        return Verdict(HOLDS, _("argmax = self in 100% of rows, with equal and with unequal norms"))
     return Verdict(
         ONLY_WHEN,
-        f"argmax = self in {eq:.0%} of rows with equal norms, {uneq:.1%} with unequal norms",
-        condition="all input vectors have the same norm (Cauchy–Schwarz)",
+        _("argmax = self in {eq:.0%} of rows with equal norms, {uneq:.1%} with unequal norms").format(
+            eq=eq, uneq=uneq
+        ),
+        condition=_("all input vectors have the same norm (Cauchy–Schwarz)"),
     )
 
 
@@ -76,11 +81,19 @@ def run(
         "unequal_norm_self_rate": self_argmax_rate(unequal),
     }
     table = ResultTable(
-        f"argmax of softmax(X Xᵀ) row = the token itself ({trials} random sequences, T = {T}, d = {d})",
-        ["inputs", "rows with argmax = self"],
+        _(
+            "argmax of softmax(X Xᵀ) row = the token itself ({trials} random sequences, T = {T}, d = {d})"
+        ).format(trials=trials, T=T, d=d),
+        [_("inputs"), _("rows with argmax = self")],
         [
-            ["all norms = 3", f"{m['equal_norm_self_rate']:.2%}"],
-            ["norms 3·exp(0.5·N(0,1))", f"{m['unequal_norm_self_rate']:.2%}"],
+            [
+                _("all norms = 3"),
+                f"{m['equal_norm_self_rate']:.2%}",
+            ],
+            [
+                _("norms 3·exp(0.5·N(0,1))"),
+                f"{m['unequal_norm_self_rate']:.2%}",
+            ],
         ],
     )
     tables = [table]
@@ -108,22 +121,28 @@ def run(
         )
         tables.append(
             ResultTable(
-                f"MiniLM input embeddings (after LayerNorm) of “{SENTENCE}”, {X.shape[0]} tokens",
-                ["quantity", "softmax(X Xᵀ)", "softmax(X Xᵀ/√384)"],
+                _("MiniLM input embeddings (after LayerNorm) of “{SENTENCE}”, {shape_0} tokens").format(
+                    SENTENCE=SENTENCE, shape_0=X.shape[0]
+                ),
+                [_("quantity"), _("softmax(X Xᵀ)"), _("softmax(X Xᵀ/√384)")],
                 [
-                    ["‖x‖ range", f"{m['model_norm_min']:.2f} – {m['model_norm_max']:.2f}", ""],
                     [
-                        "rows with argmax = self",
+                        _("‖x‖ range"),
+                        f"{m['model_norm_min']:.2f} – {m['model_norm_max']:.2f}",
+                        "",
+                    ],
+                    [
+                        _("rows with argmax = self"),
                         f"{m['model_self_rate']:.0%}",
                         f"{m['model_scaled_self_rate']:.0%}",
                     ],
                     [
-                        "mean diagonal weight",
+                        _("mean diagonal weight"),
                         f"{m['model_diag_mean']:.6f}",
                         f"{m['model_scaled_diag_mean']:.3f}",
                     ],
                     [
-                        "min diagonal weight",
+                        _("min diagonal weight"),
                         f"{m['model_diag_min']:.6f}",
                         f"{m['model_scaled_diag_min']:.3f}",
                     ],
@@ -132,8 +151,10 @@ def run(
             )
         )
         notes.append(
-            "On real embeddings the unscaled parameter-free form barely mixes anything: Z ≈ X. Dividing "
-            "by √d (lecture 003) lets other tokens in, but the token itself still gets the most weight."
+            _(
+                "On real embeddings the unscaled parameter-free form barely mixes anything: Z ≈ X. Dividing "
+                "by √d (lecture 003) lets other tokens in, but the token itself still gets the most weight."
+            )
         )
         if out_dir is not None:
             from ._base import new_figure, save_figure

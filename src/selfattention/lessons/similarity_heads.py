@@ -15,16 +15,19 @@ from typing import Any
 import torch
 
 from ..functional import attention_steps, simple_attention_steps
+from ..i18n import N_, _
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="similarity-driven-heads",
-    summary="trained heads: similarity-driven?",
+    summary=N_("trained heads: similarity-driven?"),
     lecture="000",
     section="开放问题 2",
     claim_zh="“相似才关注”的限制是否被高估：训练后的 Q/K/V 投影是否真的让 attention 学反义关系，还是仍以相似为主？",
-    claim_en="Open question: after training, is attention still mostly driven by similarity (scores ≈ "
-    "X Xᵀ, top key = the token itself)? Measured per layer and head of MiniLM.",
+    claim_en=N_(
+        "Open question: after training, is attention still mostly driven by similarity (scores ≈ "
+        "X Xᵀ, top key = the token itself)? Measured per layer and head of MiniLM."
+    ),
     kind="measured",
     module="similarity_heads",
     needs_model=True,
@@ -54,15 +57,18 @@ def verdict(m: dict[str, Any]) -> Verdict:
     n = corr.numel()
     median, strong = corr.median().item(), int((corr > STRONG).sum())
     top_mean, top_heads = top.mean().item(), int((top > 0.5).sum())
-    text = (
-        f"median r(QKᵀ, XXᵀ) = {median:.2f}, {strong}/{n} heads with r > {STRONG}; "
-        f"top key = itself in {top_mean:.0%} of rows ({top_heads}/{n} heads mostly self)"
-    )
+    text = _(
+        "median r(QKᵀ, XXᵀ) = {median:.2f}, {strong}/{n} heads with r > {STRONG}; top key = itself in {top_mean:.0%} of rows ({top_heads}/{n} heads mostly self)"
+    ).format(median=median, strong=strong, n=n, STRONG=STRONG, top_mean=top_mean, top_heads=top_heads)
     if median > STRONG and top_mean > 0.5:
         return Verdict(HOLDS, text)
     if strong == 0 and top_heads == 0:
         return Verdict(FAILS, text)
-    return Verdict(ONLY_WHEN, text, condition=f"for a minority of heads ({max(strong, top_heads)}/{n})")
+    return Verdict(
+        ONLY_WHEN,
+        text,
+        condition=_("for a minority of heads ({max}/{n})").format(max=max(strong, top_heads), n=n),
+    )
 
 
 def run(
@@ -88,8 +94,17 @@ def run(
     top_mean = top_sum / len(sentences)
     m = {"corr": corr_mean.tolist(), "self_top": top_mean.tolist()}
     table = ResultTable(
-        f"MiniLM, mean over {len(sentences)} sentences: per layer (0-based), over its 12 heads",
-        ["layer", "r(QKᵀ, XXᵀ) median", "max", "heads r > 0.5", "top key = self (mean)", "max head"],
+        _("MiniLM, mean over {n_sentences} sentences: per layer (0-based), over its 12 heads").format(
+            n_sentences=len(sentences)
+        ),
+        [
+            _("layer"),
+            _("r(QKᵀ, XXᵀ) median"),
+            _("max"),
+            _("heads r > 0.5"),
+            _("top key = self (mean)"),
+            _("max head"),
+        ],
         [
             [
                 i,
@@ -128,7 +143,9 @@ def run(
         tables=[table],
         figures=figures,
         notes=[
-            "For the parameter-free form r = 1 and the top key is the token itself in every row (equal "
-            "norms); a trained head that does something else has learned a relation other than similarity."
+            _(
+                "For the parameter-free form r = 1 and the top key is the token itself in every row (equal "
+                "norms); a trained head that does something else has learned a relation other than similarity."
+            )
         ],
     )

@@ -12,18 +12,21 @@ from typing import Any
 import torch
 
 from ..functional import simple_attention
+from ..i18n import N_, _
 from ..modules import SelfAttention
 from ..trace import capture
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="single-token",
-    summary="one token: weight 1, output = v",
+    summary=N_("one token: weight 1, output = v"),
     lecture="003",
     section="思考题 4",
     claim_zh="如果一句话只有一个词（n=1），打分、softmax、加权求和会发生什么退化？这时候输出和输入是什么关系？",
-    claim_en="Exercise 4: with n = 1 the single weight is 1 and the output is the token's value vector "
-    "v = x·W_v (z = x without projections), whatever the scores are.",
+    claim_en=N_(
+        "Exercise 4: with n = 1 the single weight is 1 and the output is the token's value vector "
+        "v = x·W_v (z = x without projections), whatever the scores are."
+    ),
     kind="exercise",
     module="single_token",
 )
@@ -35,10 +38,12 @@ def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``weight_error`` = max|α − 1|, ``output_error`` = max|z − v|, ``free_error`` = max|z − x|."""
     worst = max(m["weight_error"], m["output_error"], m["free_error"])
     if worst > TOLERANCE:
-        return Verdict(FAILS, f"max deviation {worst:.3g} from weight 1 / output = v")
+        return Verdict(FAILS, _("max deviation {worst:.3g} from weight 1 / output = v").format(worst=worst))
     return Verdict(
         HOLDS,
-        f"over {m['cases']} random cases: |α − 1| ≤ {m['weight_error']:.0e}, |z − v| ≤ {m['output_error']:.0e}",
+        _("over {cases} random cases: |α − 1| ≤ {weight_error:.0e}, |z − v| ≤ {output_error:.0e}").format(
+            cases=m["cases"], weight_error=m["weight_error"], output_error=m["output_error"]
+        ),
     )
 
 
@@ -69,8 +74,8 @@ def run(out_dir: Path | None = None, progress: Any = None, *, cases: int = 20, s
             )
     m = {"cases": cases, "weight_error": w_err, "output_error": z_err, "free_error": free_err}
     table = ResultTable(
-        "n = 1: the first random cases (float64)",
-        ["d_in", "d_out", "score q·k", "weight", "max|z − v|"],
+        _("n = 1: the first random cases (float64)"),
+        [_("d_in"), _("d_out"), _("score q·k"), _("weight"), _("max|z − v|")],
         rows,
     )
     return LessonResult(LESSON, m, verdict(m), tables=[table])

@@ -15,17 +15,20 @@ from typing import Any
 import torch
 
 from ..functional import attention_steps, simple_attention_steps
+from ..i18n import N_, _
 from ..modules import SelfAttention
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="symmetric-scores",
-    summary="scores symmetric without W_q, W_k",
+    summary=N_("scores symmetric without W_q, W_k"),
     lecture="000",
     section="这个版本的局限在哪？ — 无方向性",
     claim_zh="无方向性：ω_ij = ω_ji，“我看你”和“你看我”权重完全对称",
-    claim_en="Without projections the scores are symmetric, ω_ij = ω_ji; learned W_q ≠ W_k "
-    "(lecture 003) break the symmetry.",
+    claim_en=N_(
+        "Without projections the scores are symmetric, ω_ij = ω_ji; learned W_q ≠ W_k "
+        "(lecture 003) break the symmetry."
+    ),
     kind="measured",
     module="symmetric_scores",
     needs_model=True,
@@ -44,14 +47,20 @@ def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``parameter_free`` / ``tied`` / ``untied`` relative asymmetries of the score table."""
     free, tied, untied = m["parameter_free"], m["tied"], m["untied"]
     if free > TOLERANCE or tied > TOLERANCE:
-        return Verdict(FAILS, f"max|S − Sᵀ|/max|S| = {max(free, tied):.3g} without distinct W_q, W_k")
+        return Verdict(
+            FAILS, _("max|S − Sᵀ|/max|S| = {max:.3g} without distinct W_q, W_k").format(max=max(free, tied))
+        )
     if untied <= TOLERANCE:
-        return Verdict(HOLDS, "the scores stay symmetric even with W_q ≠ W_k")
+        return Verdict(HOLDS, _("the scores stay symmetric even with W_q ≠ W_k"))
     return Verdict(
         ONLY_WHEN,
-        f"asymmetry {free:.0e} parameter-free, {tied:.0e} with W_q = W_k, {untied:.2f} with W_q ≠ W_k",
-        condition="the query and key of a token are the same vector (no or tied W_q, W_k); "
-        "and for the scores ω, not the row-normalised weights α",
+        _(
+            "asymmetry {free:.0e} parameter-free, {tied:.0e} with W_q = W_k, {untied:.2f} with W_q ≠ W_k"
+        ).format(free=free, tied=tied, untied=untied),
+        condition=_(
+            "the query and key of a token are the same vector (no or tied W_q, W_k); "
+            "and for the scores ω, not the row-normalised weights α"
+        ),
     )
 
 
@@ -79,12 +88,24 @@ def run(
         "parameter_free_weights": asymmetry(free.weights),
     }
     table = ResultTable(
-        f"relative asymmetry max|S − Sᵀ| / max|S|, random float64 inputs T = {T}, d = {d}",
-        ["form", "scores ω", "weights α"],
+        _("relative asymmetry max|S − Sᵀ| / max|S|, random float64 inputs T = {T}, d = {d}").format(T=T, d=d),
+        [_("form"), _("scores ω"), _("weights α")],
         [
-            ["parameter-free X Xᵀ", f"{m['parameter_free']:.1e}", f"{m['parameter_free_weights']:.3f}"],
-            ["tied W_q = W_k", f"{m['tied']:.1e}", f"{asymmetry(tied.weights):.3f}"],
-            ["SelfAttention, W_q ≠ W_k", f"{m['untied']:.3f}", f"{asymmetry(untied.weights):.3f}"],
+            [
+                _("parameter-free X Xᵀ"),
+                f"{m['parameter_free']:.1e}",
+                f"{m['parameter_free_weights']:.3f}",
+            ],
+            [
+                _("tied W_q = W_k"),
+                f"{m['tied']:.1e}",
+                f"{asymmetry(tied.weights):.3f}",
+            ],
+            [
+                _("SelfAttention, W_q ≠ W_k"),
+                f"{m['untied']:.3f}",
+                f"{asymmetry(untied.weights):.3f}",
+            ],
         ],
     )
     tables = [table]
@@ -101,8 +122,10 @@ def run(
         m["model_per_layer"] = [round(v, 4) for v in per_layer.tolist()]
         tables.append(
             ResultTable(
-                f"MiniLM, “{SENTENCE}”: max|S − Sᵀ| / max|S| of Q Kᵀ per layer (0-based; 12 heads each)",
-                ["layer", "largest over heads", "smallest over heads"],
+                _(
+                    "MiniLM, “{SENTENCE}”: max|S − Sᵀ| / max|S| of Q Kᵀ per layer (0-based; 12 heads each)"
+                ).format(SENTENCE=SENTENCE),
+                [_("layer"), _("largest over heads"), _("smallest over heads")],
                 [
                     [i, f"{per_layer[i]:.3f}", f"{per_head[i].min().item():.3f}"]
                     for i in range(per_head.shape[0])
@@ -129,7 +152,9 @@ def run(
         tables=tables,
         figures=figures,
         notes=[
-            "The weights α are not symmetric even in the parameter-free form: each row is divided by its "
-            "own softmax sum, so α_ij = α_ji only when rows i and j have the same normaliser."
+            _(
+                "The weights α are not symmetric even in the parameter-free form: each row is divided by its "
+                "own softmax sum, so α_ij = α_ji only when rows i and j have the same normaliser."
+            )
         ],
     )

@@ -16,16 +16,19 @@ from typing import Any
 import torch
 
 from ..functional import attention_steps, simple_attention
+from ..i18n import N_, _
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict, progress_steps
 
 LESSON = Lesson(
     name="three-steps-one-matmul",
-    summary="loop over positions = one matmul",
+    summary=N_("loop over positions = one matmul"),
     lecture="000",
     section="矩阵形式：一次算完整个序列",
     claim_zh="所有位置的输出在一次矩阵乘里同时算完，没有 RNN 那种“必须等前一步”的数据依赖（序列维全并行）",
-    claim_en="Computing z_i position by position gives exactly Z = softmax(X Xᵀ) X, which computes every "
-    "position in one matrix product: the sequence dimension is fully parallel.",
+    claim_en=N_(
+        "Computing z_i position by position gives exactly Z = softmax(X Xᵀ) X, which computes every "
+        "position in one matrix product: the sequence dimension is fully parallel."
+    ),
     kind="measured",
     module="three_steps",
 )
@@ -46,7 +49,7 @@ def per_position(x: torch.Tensor, positions: range | None = None) -> torch.Tenso
 
 def _median_seconds(fn: Any, repeats: int) -> float:
     times = []
-    for _ in range(repeats):
+    for _step in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -57,17 +60,25 @@ def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: from ``max_abs_diff`` (float64 loop vs matrix, all sizes) and ``speedup_at_largest``."""
     err, speedup = m["max_abs_diff"], m["speedup_at_largest"]
     if not err <= TOLERANCE:
-        return Verdict(FAILS, f"loop and matrix form differ by {err:.3g} > {TOLERANCE:g}")
+        return Verdict(
+            FAILS,
+            _("loop and matrix form differ by {err:.3g} > {TOLERANCE:g}").format(
+                err=err, TOLERANCE=TOLERANCE
+            ),
+        )
     if speedup >= 2.0:
         return Verdict(
             HOLDS,
-            f"max |loop − matrix| = {err:.2g} in float64; one matrix product is {speedup:.0f}× faster "
-            f"than the loop at T = {m['largest_T']}",
+            _(
+                "max |loop − matrix| = {err:.2g} in float64; one matrix product is {speedup:.0f}× faster than the loop at T = {largest_T}"
+            ).format(err=err, speedup=speedup, largest_T=m["largest_T"]),
         )
     return Verdict(
         ONLY_WHEN,
-        f"max |loop − matrix| = {err:.2g}, but the matrix form was only {speedup:.1f}× faster",
-        condition="counting data dependencies, not wall time on this machine",
+        _("max |loop − matrix| = {err:.2g}, but the matrix form was only {speedup:.1f}× faster").format(
+            err=err, speedup=speedup
+        ),
+        condition=_("counting data dependencies, not wall time on this machine"),
     )
 
 
@@ -103,7 +114,7 @@ def _run(
     out_dir, progress, agree_sizes, time_sizes, d, repeats, timed_positions, threads, seed
 ) -> LessonResult:
     gen = torch.Generator().manual_seed(seed)
-    agree = ResultTable("loop vs matrix form, float64, d = 59", ["T", "max |loop − matrix|"])
+    agree = ResultTable(_("loop vs matrix form, float64, d = 59"), ["T", _("max |loop − matrix|")])
     worst = 0.0
     for t in agree_sizes:
         x = torch.randn(t, 59, generator=gen, dtype=torch.float64) / 59**0.5 * 2
@@ -112,11 +123,18 @@ def _run(
         agree.rows.append([t, f"{diff:.2e}"])
 
     timing = ResultTable(
-        f"time, float32, d = {d} ({torch.get_num_threads() if threads is None else threads} thread(s), median of {repeats}; loop timed on ≤ {timed_positions} positions × T/n)",
-        ["T", "loop (s)", "matrix (s)", "loop / matrix"],
+        _(
+            "time, float32, d = {d} ({value} thread(s), median of {repeats}; loop timed on ≤ {timed_positions} positions × T/n)"
+        ).format(
+            d=d,
+            value=torch.get_num_threads() if threads is None else threads,
+            repeats=repeats,
+            timed_positions=timed_positions,
+        ),
+        ["T", _("loop (s)"), _("matrix (s)"), _("loop / matrix")],
     )
     ratios = []
-    with progress_steps(progress, "timing loop vs matrix", len(time_sizes)) as advance:
+    with progress_steps(progress, _("timing loop vs matrix"), len(time_sizes)) as advance:
         for t in time_sizes:
             x = torch.randn(t, d, generator=gen) / d**0.5
             simple_attention(x)  # warm-up
@@ -152,9 +170,11 @@ def _run(
         tables=[agree, timing],
         figures=figures,
         notes=[
-            "The loop calls the same library function once per query row; the ratio is the price of "
-            "the sequential dependency the matrix form does not have (Python overhead included). It "
-            "peaks at moderate T and falls for large T, where each loop step is itself a big "
-            "(1 × T) product and the per-call overhead matters less; both forms do O(T²·d) work."
+            _(
+                "The loop calls the same library function once per query row; the ratio is the price of "
+                "the sequential dependency the matrix form does not have (Python overhead included). It "
+                "peaks at moderate T and falls for large T, where each loop step is itself a big "
+                "(1 × T) product and the per-call overhead matters less; both forms do O(T²·d) work."
+            )
         ],
     )

@@ -13,18 +13,21 @@ from typing import Any
 
 import torch
 
+from ..i18n import N_, _
 from ..modules import SelfAttention
 from ..trace import capture
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="value-scales-output",
-    summary="W_v = 3I scales the output only",
+    summary=N_("W_v = 3I scales the output only"),
     lecture="003",
     section="思考题 1",
     claim_zh="把 Wv 换成 3×单位矩阵（其他不变），重新算一遍位置 1 的输出。权重会变吗？输出向量的数值会怎么变？",
-    claim_en="Exercise 1: with W_v = 3I the weights stay the same and every output is scaled by 3/2 "
-    "(Q, K decide the weights; V decides the content).",
+    claim_en=N_(
+        "Exercise 1: with W_v = 3I the weights stay the same and every output is scaled by 3/2 "
+        "(Q, K decide the weights; V decides the content)."
+    ),
     kind="exercise",
     module="value_scaling",
 )
@@ -45,13 +48,14 @@ def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: ``weight_change`` = max|α(3I) − α(2I)|, ``output_error`` = max|z(3I) − 1.5·z(2I)|."""
     dw, dz = m["weight_change"], m["output_error"]
     if dw > TOLERANCE:
-        return Verdict(FAILS, f"the weights changed by {dw:.3g}")
+        return Verdict(FAILS, _("the weights changed by {dw:.3g}").format(dw=dw))
     if dz > TOLERANCE:
-        return Verdict(FAILS, f"the weights are unchanged but z(3I) − 1.5·z(2I) = {dz:.3g}")
+        return Verdict(FAILS, _("the weights are unchanged but z(3I) − 1.5·z(2I) = {dz:.3g}").format(dz=dz))
     return Verdict(
         HOLDS,
-        f"weights unchanged (max change {dw:.0e}); outputs exactly 1.5× (max error {dz:.0e}); "
-        f"position 1: {m['z1_3I']}",
+        _(
+            "weights unchanged (max change {dw:.0e}); outputs exactly 1.5× (max error {dz:.0e}); position 1: {z1_3I}"
+        ).format(dw=dw, dz=dz, z1_3I=m["z1_3I"]),
     )
 
 
@@ -71,11 +75,11 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
         "z1_3I": [round(v, 3) for v in z3[0].tolist()],
     }
     table = ResultTable(
-        "lecture 003 hand example, position 1 (x₁ = [1, 0], x₂ = [0, 1], W_q = W_k = I)",
-        ["W_v", "weights (1,1), (1,2)", "output₁"],
+        _("lecture 003 hand example, position 1 (x₁ = [1, 0], x₂ = [0, 1], W_q = W_k = I)"),
+        ["W_v", _("weights (1,1), (1,2)"), _("output₁")],
         [
-            ["2I (lecture)", f"{w2[0, 0]:.3f}, {w2[0, 1]:.3f}", f"[{z2[0, 0]:.3f}, {z2[0, 1]:.3f}]"],
-            ["3I (exercise)", f"{w3[0, 0]:.3f}, {w3[0, 1]:.3f}", f"[{z3[0, 0]:.3f}, {z3[0, 1]:.3f}]"],
+            [_("2I (lecture)"), f"{w2[0, 0]:.3f}, {w2[0, 1]:.3f}", f"[{z2[0, 0]:.3f}, {z2[0, 1]:.3f}]"],
+            [_("3I (exercise)"), f"{w3[0, 0]:.3f}, {w3[0, 1]:.3f}", f"[{z3[0, 0]:.3f}, {z3[0, 1]:.3f}]"],
         ],
     )
     return LessonResult(
@@ -83,5 +87,5 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
         m,
         verdict(m),
         tables=[table],
-        notes=["Q and K decide the weights (where to look); V decides what is fetched (the content)."],
+        notes=[_("Q and K decide the weights (where to look); V decides what is fetched (the content).")],
     )

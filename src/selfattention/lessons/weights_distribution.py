@@ -12,15 +12,18 @@ from typing import Any
 import torch
 
 from ..functional import attention_weights
+from ..i18n import N_, _
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="weights-are-distributions",
-    summary="each row of weights sums to 1",
+    summary=N_("each row of weights sums to 1"),
     lecture="003",
     section="softmax：把打分变成合法权重",
     claim_zh="套 softmax，变成一组非负、加起来等于 1 的权重",
-    claim_en="Softmax turns each row of scores into non-negative weights that sum to 1, whatever the scores.",
+    claim_en=N_(
+        "Softmax turns each row of scores into non-negative weights that sum to 1, whatever the scores."
+    ),
     kind="measured",
     module="weights_distribution",
     needs_model=True,
@@ -34,11 +37,15 @@ def verdict(m: dict[str, Any]) -> Verdict:
     if not m["finite"] or m["min_weight"] < 0 or m["max_sum_error"] > TOLERANCE:
         return Verdict(
             FAILS,
-            f"min weight {m['min_weight']:.3g}, max |row sum − 1| {m['max_sum_error']:.3g}, finite {m['finite']}",
+            _("min weight {min_weight:.3g}, max |row sum − 1| {max_sum_error:.3g}, finite {finite}").format(
+                min_weight=m["min_weight"], max_sum_error=m["max_sum_error"], finite=m["finite"]
+            ),
         )
     return Verdict(
         HOLDS,
-        f"min weight {m['min_weight']:.2g} ≥ 0, max |row sum − 1| = {m['max_sum_error']:.1e} over {m['rows']:,} rows",
+        _(
+            "min weight {min_weight:.2g} ≥ 0, max |row sum − 1| = {max_sum_error:.1e} over {rows:,} rows"
+        ).format(min_weight=m["min_weight"], max_sum_error=m["max_sum_error"], rows=m["rows"]),
     )
 
 
@@ -56,7 +63,9 @@ def run(
         mins.append(w.min().item())
         errs.append(err)
         count += w.shape[0] * w.shape[1]
-        rows.append([f"random, |score| ~ {magnitude * 4:g}", f"{w.min():.2g}", f"{err:.1e}"])
+        rows.append(
+            [_("random, |score| ~ {value:g}").format(value=magnitude * 4), f"{w.min():.2g}", f"{err:.1e}"]
+        )
     if use_model:
         from ..pretrained import run_text
 
@@ -67,7 +76,9 @@ def run(
         mins.append(w.min().item())
         errs.append(err)
         count += w.numel() // w.shape[-1]
-        rows.append(["MiniLM, 6 layers × 12 heads", f"{w.min():.2g}", f"{err:.1e}"])
+        rows.append([_("MiniLM, 6 layers × 12 heads"), f"{w.min():.2g}", f"{err:.1e}"])
     m = {"min_weight": min(mins), "max_sum_error": max(errs), "finite": finite, "rows": count}
-    table = ResultTable("softmax rows (float32)", ["input", "min weight", "max |row sum − 1|"], rows)
+    table = ResultTable(
+        _("softmax rows (float32)"), [_("input"), _("min weight"), _("max |row sum − 1|")], rows
+    )
     return LessonResult(LESSON, m, verdict(m), tables=[table])

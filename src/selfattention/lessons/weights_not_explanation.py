@@ -15,16 +15,19 @@ from typing import Any
 
 import torch
 
+from ..i18n import N_, _
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="weights-not-explanation",
-    summary="weights are not an explanation",
+    summary=N_("weights are not an explanation"),
     lecture="003",
     section="五、和后面课程的关系 (第 31 讲 可解释性)",
     claim_zh="softmax 权重经常被直接当成“模型在关注什么”的证据来解读，但这个解读本身是有争议的，不能想当然地把注意力权重等同于“模型的推理过程”",
-    claim_en="Attention weights should not be read as 'what the model attends to': the weight of a key "
-    "and what it contributes (α‖v‖) can disagree.",
+    claim_en=N_(
+        "Attention weights should not be read as 'what the model attends to': the weight of a key "
+        "and what it contributes (α‖v‖) can disagree."
+    ),
     kind="measured",
     module="weights_not_explanation",
     needs_model=True,
@@ -42,13 +45,17 @@ def verdict(m: dict[str, Any]) -> Verdict:
     """Pure: per layer ``weight_share`` and ``norm_share`` of [CLS]/[SEP] (fractions)."""
     ratios = [w / max(n, 1e-12) for w, n in zip(m["weight_share"], m["norm_share"], strict=True)]
     worst = max(range(len(ratios)), key=lambda i: ratios[i])
-    text = (
-        f"layer {worst}: [CLS]/[SEP] get {m['weight_share'][worst]:.0%} of the weight but deliver "
-        f"{m['norm_share'][worst]:.0%} of the contribution norm ({ratios[worst]:.1f}×)"
+    text = _(
+        "layer {worst}: [CLS]/[SEP] get {weight_share:.0%} of the weight but deliver {norm_share:.0%} of the contribution norm ({ratio:.1f}×)"
+    ).format(
+        worst=worst,
+        weight_share=m["weight_share"][worst],
+        norm_share=m["norm_share"][worst],
+        ratio=ratios[worst],
     )
     if ratios[worst] >= OVERSTATED:
         return Verdict(HOLDS, text)
-    return Verdict(FAILS, text + "; weights and contributions agree")
+    return Verdict(FAILS, text + _("; weights and contributions agree"))
 
 
 def run(
@@ -70,8 +77,10 @@ def run(
     w_share, n_share = w_share / len(sentences), n_share / len(sentences)
     m = {"weight_share": w_share.tolist(), "norm_share": n_share.tolist()}
     table = ResultTable(
-        f"MiniLM, mean over {len(sentences)} sentences, all heads and queries (layers count from 0)",
-        ["layer", "weight on [CLS]/[SEP]", "share of ‖α v‖ from [CLS]/[SEP]", "ratio"],
+        _("MiniLM, mean over {n_sentences} sentences, all heads and queries (layers count from 0)").format(
+            n_sentences=len(sentences)
+        ),
+        [_("layer"), _("weight on [CLS]/[SEP]"), _("share of ‖α v‖ from [CLS]/[SEP]"), _("ratio")],
         [
             [i, f"{w:.1%}", f"{n:.1%}", f"{w / n:.1f}×"]
             for i, (w, n) in enumerate(zip(m["weight_share"], m["norm_share"], strict=True))
@@ -99,7 +108,9 @@ def run(
         tables=[table],
         figures=figures,
         notes=[
-            "This backs one concrete reason for the lecture's caution; it does not settle what a faithful "
-            "explanation is (the output projection, residual stream and later layers matter too)."
+            _(
+                "This backs one concrete reason for the lecture's caution; it does not settle what a faithful "
+                "explanation is (the output projection, residual stream and later layers matter too)."
+            )
         ],
     )

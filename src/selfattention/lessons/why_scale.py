@@ -18,16 +18,19 @@ from typing import Any
 import torch
 
 from ..functional import attention_steps
+from ..i18n import N_, _
 from ._base import FAILS, HOLDS, Lesson, LessonResult, ResultTable, Verdict
 
 LESSON = Lesson(
     name="why-scale-by-sqrt-dk",
-    summary="why divide the scores by √d_k",
+    summary=N_("why divide the scores by √d_k"),
     lecture="003",
     section="缩放：一个工程修正；思考题 2",
     claim_zh="点积是 dₖ 项数字相乘再相加，维度越高，数值的波动范围会越大……softmax 会过分尖锐，梯度变得极小；除以 √dₖ 把数值范围拉回",
-    claim_en="Exercise 2: the std of q·k grows like √d_k (×10 from d_k = 2 to 200); unscaled, the softmax "
-    "saturates and its gradient vanishes; dividing by √d_k keeps both steady.",
+    claim_en=N_(
+        "Exercise 2: the std of q·k grows like √d_k (×10 from d_k = 2 to 200); unscaled, the softmax "
+        "saturates and its gradient vanishes; dividing by √d_k keeps both steady."
+    ),
     kind="exercise",
     module="why_scale",
 )
@@ -53,7 +56,7 @@ def verdict(m: dict[str, Any]) -> Verdict:
     rows = m["rows"]
     off = max(abs(r["std"] / math.sqrt(r["d_k"]) - 1) for r in rows)
     if off > 0.15:
-        return Verdict(FAILS, f"std(q·k) is {off:.0%} away from √d_k")
+        return Verdict(FAILS, _("std(q·k) is {off:.0%} away from √d_k").format(off=off))
     last = rows[-1]
     saturated = (
         last["max_weight_unscaled"] > last["max_weight_scaled"]
@@ -61,13 +64,22 @@ def verdict(m: dict[str, Any]) -> Verdict:
     )
     steady = max(r["max_weight_scaled"] for r in rows) - min(r["max_weight_scaled"] for r in rows) < 0.25
     if not (saturated and steady):
-        return Verdict(FAILS, "std ∝ √d_k, but scaling did not prevent saturation or the gradient loss")
+        return Verdict(FAILS, _("std ∝ √d_k, but scaling did not prevent saturation or the gradient loss"))
     ratio = rows[-1]["std"] / rows[0]["std"]
     return Verdict(
         HOLDS,
-        f"std(q·k)/√d_k within {off:.0%} of 1; d_k {rows[0]['d_k']} → {last['d_k']} multiplies the std by "
-        f"{ratio:.1f}; at d_k = {last['d_k']} unscaled max weight {last['max_weight_unscaled']:.2f} and "
-        f"gradient {last['grad_unscaled']:.2g} vs scaled {last['max_weight_scaled']:.2f}, {last['grad_scaled']:.2g}",
+        _(
+            "std(q·k)/√d_k within {off:.0%} of 1; d_k {d_k} → {d_k2} multiplies the std by {ratio:.1f}; at d_k = {d_k2} unscaled max weight {max_weight_unscaled:.2f} and gradient {grad_unscaled:.2g} vs scaled {max_weight_scaled:.2f}, {grad_scaled:.2g}"
+        ).format(
+            off=off,
+            d_k=rows[0]["d_k"],
+            d_k2=last["d_k"],
+            ratio=ratio,
+            max_weight_unscaled=last["max_weight_unscaled"],
+            grad_unscaled=last["grad_unscaled"],
+            max_weight_scaled=last["max_weight_scaled"],
+            grad_scaled=last["grad_scaled"],
+        ),
     )
 
 
@@ -83,14 +95,16 @@ def run(
     gen = torch.Generator().manual_seed(seed)
     rows = []
     table = ResultTable(
-        f"random unit-variance q, k ({n_queries} queries × {n_keys} keys), float64",
+        _("random unit-variance q, k ({n_queries} queries × {n_keys} keys), float64").format(
+            n_queries=n_queries, n_keys=n_keys
+        ),
         [
             "d_k",
-            "std(q·k)",
+            _("std(q·k)"),
             "√d_k",
-            "max weight raw / ÷√d_k",
-            "entropy raw / ÷√d_k",
-            "‖∂L/∂logits‖ raw / ÷√d_k",
+            _("max weight raw / ÷√d_k"),
+            _("entropy raw / ÷√d_k"),
+            _("‖∂L/∂logits‖ raw / ÷√d_k"),
         ],
     )
     for d in dims:

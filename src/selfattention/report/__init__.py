@@ -47,6 +47,7 @@ from typing import Any
 import torch
 
 from ..functional import AttentionSteps
+from ..i18n import _, language
 from ..lectures import lecture_title, name_lectures
 from .model import model_report
 from .payload import (
@@ -117,7 +118,7 @@ def steps_report(
         token=token,
         head_dim=int(steps.query.shape[-1]),
         notes=list(notes),
-        facts=[("tokens", str(t)), ("head_dim", str(steps.query.shape[-1])), *facts],
+        facts=[(_("tokens"), str(t)), ("head_dim", str(steps.query.shape[-1])), *facts],
         exact_note="",
     )
 
@@ -129,20 +130,21 @@ def example_report(example: Any) -> dict[str, Any]:
     """
     steps = example.steps
     simple = getattr(example, "kind", "") == "simple"
-    facts = [("scale", f"{steps.scale:.6g}" + (" (no 1/√d: lecture 000)" if simple else " = 1/√d_k"))]
+    facts = [(_("scale"), f"{steps.scale:.6g}" + (_(" (no 1/√d: lecture 000)") if simple else " = 1/√d_k"))]
     notes = []
     if simple:
         notes.append(
-            "Parameter-free self-attention (lecture 000, {title}): query = key = value = X, scale 1.".format(
-                title=lecture_title("000")
-            )
+            _(
+                "Parameter-free self-attention (lecture 000, {title}): query = key = value = X, scale 1."
+            ).format(title=lecture_title("000"))
         )
-    source = name_lectures(getattr(example, "source", ""))
+    display_source = getattr(example, "display_source", None)
+    source = name_lectures(display_source() if display_source else getattr(example, "source", ""))
     return steps_report(
         steps,
         example.tokens,
-        title=example.title,
-        subtitle=f"worked example “{example.name}”" + (f" · {source}" if source else ""),
+        title=example.display_title(),
+        subtitle=_("worked example “{name}”").format(name=example.name) + (f" · {source}" if source else ""),
         token=getattr(example, "focus", None),
         facts=facts,
         notes=notes,
@@ -161,6 +163,12 @@ def render_html(payload: dict[str, Any]) -> str:
     with an embedded subset of a CJK font (:func:`selfattention.fonts.font_face_css`) when one is
     installed.
     """
+    from .labels import labels
+
+    # the page's words in the interface language (a new dict: the caller's payload is not changed)
+    payload = {**payload, "lang": language(), "labels": labels()}
+    if language() == "zh" and payload.get("caveat_zh"):  # the lecture's own words instead of the English
+        payload["caveat"], payload["caveat_zh"] = payload["caveat_zh"], ""
     # "<" only occurs inside JSON strings; as \u003c no token can open or close a tag in the page
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).replace("<", "\\u003c")
     from ..fonts import font_face_css

@@ -29,6 +29,7 @@ import torch
 
 from ..focus import fallback_token, strongest_link, strongest_link_topk
 from ..functional import AttentionSteps, attention_steps
+from ..i18n import _
 from .payload import _exact_bytes, _payload, _steps_record, head_statistics, quantise_weights
 
 __all__ = ["model_report"]
@@ -123,7 +124,7 @@ def _tiled_statistics(
     idx_all, w_all = [], []
     for call in calls:
         n = call.n_keys
-        _, st = tiled_attention_with_stats(
+        _out, st = tiled_attention_with_stats(
             call.query,
             call.key,
             call.value,
@@ -214,7 +215,7 @@ def model_report(
             )
     special = list(getattr(run, "special", None) or [bool(_SPECIAL.match(tok)) for tok in tokens])
 
-    say("per-head statistics")
+    say(_("per-head statistics"))
     topk = None
     if w is not None:
         stats = head_statistics(w)
@@ -242,7 +243,7 @@ def model_report(
     )
     n_exact = max(1, min(len(order), int(exact_budget_mb * 1e6 // per_head)))
     chosen = order[:n_exact]
-    say(f"storing the exact traces of {n_exact} of {n_layers * n_heads} heads")
+    say(_("storing the exact traces of {n} of {total} heads").format(n=n_exact, total=n_layers * n_heads))
     exact: dict[str, Any] = {}
     stored: list[np.ndarray] = []
     for la, h in chosen:
@@ -253,7 +254,7 @@ def model_report(
     if n_exact == len(order):
         exact_note = ""
     else:
-        exact_note = (
+        exact_note = _(
             "Exact values and traces are stored for {n} of {total} heads (a trace at T = {t} costs {mb:.1f} "
             "MB); {others} Choose the head with --head LAYER.HEAD, or raise --exact-mb."
         ).format(
@@ -261,36 +262,38 @@ def model_report(
             total=len(order),
             t=t,
             mb=per_head / 1e6,
-            others="other heads show 8-bit colour values."
+            others=_("other heads show 8-bit colour values.")
             if w is not None
-            else "other heads have statistics and each query's heaviest keys only (the input is too long "
-            "for every matrix).",
+            else _(
+                "other heads have statistics and each query's heaviest keys only (the input is too long "
+                "for every matrix)."
+            ),
         )
 
     name = str(getattr(run, "model_name", "") or "all-MiniLM-L6-v2")
     scale = _scale(run, d)
     facts = [
-        ("model", name),
-        ("tokens", str(t)),
-        ("layers × heads", f"{n_layers} × {n_heads}"),
+        (_("model"), name),
+        (_("tokens"), str(t)),
+        (_("layers × heads"), f"{n_layers} × {n_heads}"),
         ("head_dim", str(d)),
-        ("scale", f"{scale:.6g}" + (f" = 1/√{d}" if math.isclose(scale, 1 / math.sqrt(d)) else "")),
+        (_("scale"), f"{scale:.6g}" + (f" = 1/√{d}" if math.isclose(scale, 1 / math.sqrt(d)) else "")),
     ]
     notes = _notes(run, t, w is None)
     diff = getattr(run, "max_abs_diff_weights", None)
     if diff is not None:
-        facts.append(("vs transformers eager", f"max |Δw| = {diff:.1e}"))
+        facts.append((_("vs transformers eager"), f"max |Δw| = {diff:.1e}"))
     text = str(getattr(run, "text", "") or " ".join(tokens))
     if title is None:
         title = text if len(text) <= 80 else text[:77].rstrip() + "…"
-    say("encoding weights")
+    say(_("encoding weights"))
     if w is not None:
         u8, u8_heads = quantise_weights(w), None
     else:
         u8, u8_heads = np.stack(stored), list(exact)
     return _payload(
         title=title,
-        subtitle=f"{name} on selfattention's attention",
+        subtitle=_("{name} on selfattention's attention").format(name=name),
         source="model",
         tokens=tokens,
         shape=(n_layers, n_heads, t),
@@ -326,38 +329,46 @@ def _notes(run: Any, t: int, statistics_only: bool) -> list[str]:
     if diff is not None:
         if diff == 0.0:
             notes.append(
-                "The model ran on this library's attention; transformers' own eager attention on the same "
-                "text gives exactly the same weights (largest difference 0)."
+                _(
+                    "The model ran on this library's attention; transformers' own eager attention on the same "
+                    "text gives exactly the same weights (largest difference 0)."
+                )
             )
         else:
             notes.append(
-                "The model ran on this library's attention; transformers' own eager attention on the same "
-                "text gives weights that differ from ours by at most {diff:.1e} (float32 rounding).".format(
-                    diff=diff
-                )
+                _(
+                    "The model ran on this library's attention; transformers' own eager attention on the same "
+                    "text gives weights that differ from ours by at most {diff:.1e} (float32 rounding)."
+                ).format(diff=diff)
             )
     elif hidden is not None:
         notes.append(
-            "The model ran on this library's attention; with transformers' own eager attention the last "
-            "hidden state differs by at most {diff:.1e}.".format(diff=hidden)
+            _(
+                "The model ran on this library's attention; with transformers' own eager attention the last "
+                "hidden state differs by at most {diff:.1e}."
+            ).format(diff=hidden)
         )
     if statistics_only:
         notes.append(
-            "The input is too long to keep every weight matrix: the per-head statistics and each query's "
-            "heaviest keys were computed block by block (tiled attention), and only the stored heads have "
-            "a matrix."
+            _(
+                "The input is too long to keep every weight matrix: the per-head statistics and each query's "
+                "heaviest keys were computed block by block (tiled attention), and only the stored heads have "
+                "a matrix."
+            )
         )
     if getattr(run, "truncated", False):
         full = getattr(run, "n_tokens_full", 0)
         notes.append(
-            "The text was cut to its first {t} tokens{rest}.".format(
-                t=t, rest=f" (of {full})" if full else ""
+            _("The text was cut to its first {t} tokens{rest}.").format(
+                t=t, rest=_(" (of {full})").format(full=full) if full else ""
             )
         )
     trained = getattr(run, "trained_length", None)
     if trained is not None and t > trained:
         notes.append(
-            "The model was trained on inputs of at most {trained} tokens (its own files say so); this one has "
-            "{t}, so its attention past position {trained} is less reliable.".format(trained=trained, t=t)
+            _(
+                "The model was trained on inputs of at most {trained} tokens (its own files say so); this one "
+                "has {t}, so its attention past position {trained} is less reliable."
+            ).format(trained=trained, t=t)
         )
     return notes

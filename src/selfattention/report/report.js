@@ -9,10 +9,26 @@
   function showError(msg) {
     const box = $("error");
     box.hidden = false;
-    box.textContent = "The report could not be drawn: " + msg;
+    box.textContent = tx("The report could not be drawn: {error}", { error: msg });
   }
   window.addEventListener("error", (e) => showError(e.message || String(e)));
   window.addEventListener("unhandledrejection", (e) => showError(String(e.reason && e.reason.stack || e.reason)));
+
+  // ---------- interface language ----------
+  // The page's words: English in this file, or the payload's "labels" (English text → the same text in
+  // the language the report was made in, from selfattention's gettext catalog). {name} fields of a
+  // template are filled from `v`. Static words in report.html carry data-t (their text) or data-t-title.
+  let LABELS = {};
+  function tx(s, v) {
+    const x = LABELS[s] || s;
+    return v ? x.replace(/\{(\w+)\}/g, (m, k) => (k in v ? String(v[k]) : m)) : x;
+  }
+  function translatePage(labels, lang) {
+    LABELS = labels || {};
+    document.documentElement.lang = lang || "en";
+    for (const n of document.querySelectorAll("[data-t]")) n.textContent = tx(n.textContent.replace(/\s+/g, " ").trim());
+    for (const n of document.querySelectorAll("[data-t-title]")) n.title = tx(n.title);
+  }
 
   // ---------- small helpers ----------
   function el(tag, attrs, ...kids) {
@@ -129,7 +145,7 @@
 
   // ---------- header ----------
   function renderHeader() {
-    document.title = D.title + " · attention report";
+    document.title = tx("{title} · attention report", { title: D.title });
     $("title").textContent = D.title;
     $("subtitle").textContent = D.subtitle || "";
     const facts = $("facts");
@@ -174,14 +190,15 @@
       span.style.color = TEXT_ON[ci];
       span.dataset.shade = t.toFixed(4);
       span.dataset.weight = String(vals[j]);
-      span.title = `#${j} · ${S.dir === "out" ? "weight from" : "weight to"} “${D.tokens[s]}”: ${fmt(vals[j])}`;
+      span.title = (S.dir === "out" ? tx("#{j} · weight from “{token}”: {weight}", { j, token: D.tokens[s], weight: fmt(vals[j]) })
+        : tx("#{j} · weight to “{token}”: {weight}", { j, token: D.tokens[s], weight: fmt(vals[j]) }));
       span.classList.toggle("sel", j === s);
     }
     $("tokens-hint").textContent = !w && !(TOPK && S.dir === "out")
-      ? `no matrix stored for layer ${S.layer} · head ${S.head} (long input): nothing to shade`
+      ? tx("no matrix stored for layer {layer} · head {head} (long input): nothing to shade", { layer: S.layer, head: S.head })
       : S.dir === "out"
-      ? `shade: how much “${D.tokens[s]}” (#${s}) attends to each token (√, relative to its largest weight)` + (w ? "" : `; its ${TOPK.k} heaviest keys only`)
-      : `shade: how much each token attends to “${D.tokens[s]}” (#${s}) (√, relative to the largest)`;
+      ? tx("shade: how much “{token}” (#{s}) attends to each token (√, relative to its largest weight)", { token: D.tokens[s], s }) + (w ? "" : tx("; its {k} heaviest keys only", { k: TOPK.k }))
+      : tx("shade: how much each token attends to “{token}” (#{s}) (√, relative to the largest)", { token: D.tokens[s], s });
   }
   function topKeys(l, h, i) {
     const k = TOPK.k, off = ((l * H + h) * T + i) * k;
@@ -203,9 +220,11 @@
         const R = Math.min(T, 64);
         const c = el("canvas", { class: "thumb", width: R, height: R, "data-layer": l, "data-head": h });
         const st = D.stats;
-        c.title = `layer ${l} · head ${h}\nentropy ${fmt(st.entropy[l][h], 3)} bits · self ${pct(st.self[l][h])}` +
-          ` · first ${pct(st.first[l][h])} · last ${pct(st.last[l][h])}` + (exact[key(l, h)] ? "\nexact values stored" : "") +
-          (u8Offset(l, h) < 0 ? "\nno matrix stored (long input): statistics and heaviest keys only" : "");
+        c.title = tx("layer {layer} · head {head}", { layer: l, head: h }) + "\n" +
+          tx("entropy {entropy} bits · self {self} · first {first} · last {last}",
+            { entropy: fmt(st.entropy[l][h], 3), self: pct(st.self[l][h]), first: pct(st.first[l][h]), last: pct(st.last[l][h]) }) +
+          (exact[key(l, h)] ? "\n" + tx("exact values stored") : "") +
+          (u8Offset(l, h) < 0 ? "\n" + tx("no matrix stored (long input): statistics and heaviest keys only") : "");
         c.addEventListener("click", () => selectHead(l, h));
         if (exact[key(l, h)] && Object.keys(exact).length < L * H) c.classList.add("exact");
         grid.append(c);
@@ -213,9 +232,10 @@
       }
     }
     const nExact = Object.keys(exact).length;
-    $("grid-note").textContent = (T > 64 ? `Thumbnails show the largest weight in each block of ${Math.ceil(T / 64)}×${Math.ceil(T / 64)} cells. ` : "") +
-      (U8_INDEX ? `The input is long: only ${Object.keys(U8_INDEX).length} heads have a matrix; the grey ones have statistics and each query's heaviest keys. ` : "") +
-      (nExact < L * H ? `Exact values and traces stored for ${nExact} of ${L * H} heads (underlined in blue: ${Object.keys(exact).map((k) => "L" + k.replace(".", "·H")).join(", ")}); the others show 8-bit values.` : "Exact values stored for every head.");
+    $("grid-note").textContent = (T > 64 ? tx("Thumbnails show the largest weight in each block of {n}×{n} cells.", { n: Math.ceil(T / 64) }) + " " : "") +
+      (U8_INDEX ? tx("The input is long: only {n} heads have a matrix; the grey ones have statistics and each query's heaviest keys.", { n: Object.keys(U8_INDEX).length }) + " " : "") +
+      (nExact < L * H ? tx("Exact values and traces stored for {n} of {total} heads (underlined in blue: {heads}); the others show 8-bit values.",
+        { n: nExact, total: L * H, heads: Object.keys(exact).map((k) => "L" + k.replace(".", "·H")).join(", ") }) : tx("Exact values stored for every head."));
     drawThumbs();
   }
   // thumbnails come straight from the 8-bit data (q = round(255·√w)): max-pool q over blocks, then map
@@ -348,7 +368,7 @@
         ctx.fillText(String(i), geo.left + (i + 0.5) * geo.cell, geo.top - 10);
       }
       ctx.textAlign = "left";
-      ctx.fillText("key →", geo.left + geo.cell * T - 34, geo.top - 24 < 2 ? 8 : geo.top - 24);
+      ctx.fillText(tx("key →"), geo.left + geo.cell * T - 34, geo.top - 24 < 2 ? 8 : geo.top - 24);
     }
     drawOverlay();
   }
@@ -361,8 +381,8 @@
     ctx.fillStyle = "#475467"; ctx.textAlign = "center"; ctx.textBaseline = "middle";
     ctx.font = "14px " + getComputedStyle(document.body).fontFamily;
     const x = geo.left + geo.cell * T / 2, y = geo.top + geo.cell * T / 2;
-    ctx.fillText(`No matrix is stored for layer ${S.layer} · head ${S.head}: the input is long.`, x, y - 12);
-    ctx.fillText(`Pick a head with a coloured thumbnail, or: selfattention report … --head ${S.layer}.${S.head}`, x, y + 12);
+    ctx.fillText(tx("No matrix is stored for layer {layer} · head {head}: the input is long.", { layer: S.layer, head: S.head }), x, y - 12);
+    ctx.fillText(tx("Pick a head with a coloured thumbnail, or: selfattention report … --head {layer}.{head}", { layer: S.layer, head: S.head }), x, y + 12);
     $("overlay").getContext("2d").clearRect(0, 0, geo.size, geo.size);
   }
   function niceStep(n) {
@@ -452,10 +472,10 @@
       const w = hw[i * T + j];
       tip.textContent = "";
       tip.append(
-        el("div", null, "query ", el("span", { class: "t", text: D.tokens[i] }), ` #${i} → key `, el("span", { class: "t", text: D.tokens[j] }), ` #${j}`),
-        e ? el("div", null, "weight ", el("span", { class: "w", text: w.toPrecision(6) }))
-          : el("div", null, "weight ≈ ", el("span", { class: "w", text: fmt(w, 3) }), el("span", { class: "sub", text: "  (8-bit; exact not stored)" })),
-        e ? el("div", { class: "sub", text: `score ${fmt(e.scores[i * T + j])} · scaled ${fmt(e.scaled[i * T + j])}` }) : null,
+        el("div", null, tx("query") + " ", el("span", { class: "t", text: D.tokens[i] }), ` #${i} → ${tx("key")} `, el("span", { class: "t", text: D.tokens[j] }), ` #${j}`),
+        e ? el("div", null, tx("weight") + " ", el("span", { class: "w", text: w.toPrecision(6) }))
+          : el("div", null, tx("weight") + " ≈ ", el("span", { class: "w", text: fmt(w, 3) }), el("span", { class: "sub", text: "  " + tx("(8-bit; exact not stored)") })),
+        e ? el("div", { class: "sub", text: tx("score {score} · scaled {scaled}", { score: fmt(e.scores[i * T + j]), scaled: fmt(e.scaled[i * T + j]) }) }) : null,
       );
       tip.dataset.query = String(i);
       tip.dataset.key = String(j);
@@ -483,22 +503,22 @@
         ticks.append(el("span", { style: `left:${(pos * 100).toFixed(2)}%`, text: String(v) }));
       }
     } else {
-      ticks.append(el("span", { style: "left:0;transform:none", text: "0" }), el("span", { style: "left:auto;right:0;transform:none", text: "each row's largest weight" }));
+      ticks.append(el("span", { style: "left:0;transform:none", text: "0" }), el("span", { style: "left:auto;right:0;transform:none", text: tx("each row's largest weight") }));
     }
   }
 
   // ---------- head stats line ----------
   function renderHeadStats() {
     const st = D.stats, l = S.layer, h = S.head;
-    $("heat-title").textContent = L * H > 1 ? `Layer ${l} · head ${h}` : "Attention weights";
+    $("heat-title").textContent = L * H > 1 ? tx("Layer {layer} · head {head}", { layer: l, head: h }) : tx("Attention weights");
     const box = $("head-stats");
     box.textContent = "";
     const first = D.tokens[0], last = D.tokens[T - 1];
     const items = [
-      ["entropy", `${fmt(st.entropy[l][h], 3)} bits`, `of at most ${fmt(Math.log2(T), 3)} (uniform)`],
-      ["on self", pct(st.self[l][h])],
-      [`on first “${first}”`, pct(st.first[l][h])],
-      [`on last “${last}”`, pct(st.last[l][h])],
+      [tx("entropy"), tx("{bits} bits", { bits: fmt(st.entropy[l][h], 3) }), tx("of at most {bits} (uniform)", { bits: fmt(Math.log2(T), 3) })],
+      [tx("on self"), pct(st.self[l][h])],
+      [tx("on first “{token}”", { token: first }), pct(st.first[l][h])],
+      [tx("on last “{token}”", { token: last }), pct(st.last[l][h])],
     ];
     for (const [k, v, extra] of items) box.append(el("span", null, k + " ", el("b", { text: v }), extra ? el("span", { class: "muted", text: " " + extra }) : null));
   }
@@ -509,6 +529,7 @@
     self: "Mean over query rows of the weight a token gives itself (the diagonal).",
     first: "Mean over query rows of the weight on the first token. Heads that park most weight here (often [CLS]) act as a no-op.",
     last: "Mean over query rows of the weight on the last token ([SEP] for the model), another common ‘sink’.",
+    // translated where shown (tx(METRIC_NOTE[...])); the texts are listed in selfattention/report/labels.py
   };
   function renderStats() {
     const box = $("stats"), st = D.stats[S.metric];
@@ -524,7 +545,7 @@
         const td = el("td", {
           class: l === S.layer && h === S.head ? "sel" : null,
           style: `background:${rgb(ci)};color:${TEXT_ON[ci]}`,
-          title: `layer ${l} · head ${h}`,
+          title: tx("layer {layer} · head {head}", { layer: l, head: h }),
           text: S.metric === "entropy" ? v.toFixed(2) : (100 * v).toFixed(1),
         });
         td.addEventListener("click", () => selectHead(l, h));
@@ -533,7 +554,7 @@
       tbl.append(tr);
     }
     box.append(el("div", { class: "stats-wrap" }, tbl));
-    $("metric-note").textContent = METRIC_NOTE[S.metric] + (S.metric === "entropy" ? "" : " Shown in %.");
+    $("metric-note").textContent = tx(METRIC_NOTE[S.metric]) + (S.metric === "entropy" ? "" : " " + tx("Shown in %."));
   }
 
   // ---------- trace ----------
@@ -550,39 +571,40 @@
   function renderTrace() {
     const box = $("trace"), l = S.layer, h = S.head, s = S.token, e = exact[key(l, h)];
     box.textContent = "";
-    $("trace-hint").textContent = `layer ${l} · head ${h} · query “${D.tokens[s]}” (#${s})`;
+    $("trace-hint").textContent = tx("layer {layer} · head {head} · query “{token}” (#{s})", { layer: l, head: h, token: D.tokens[s], s });
     if (!e) {
       const links = Object.keys(exact).map((k) => {
         const [kl, kh] = k.split(".").map(Number);
         return el("button", { class: "btn", type: "button", "data-goto": k, onclick: () => selectHead(kl, kh), text: `L${kl}·H${kh}` });
       });
       box.append(el("div", { class: "missing" },
-        `The trace of layer ${l} · head ${h} is not stored in this file; exact values are kept for `,
+        tx("The trace of layer {layer} · head {head} is not stored in this file; exact values are kept for", { layer: l, head: h }) + " ",
         links.flatMap((b, n) => (n ? [" ", b] : [b])),
-        `. Select one of those heads, or make a report for this head: `,
+        ". " + tx("Select one of those heads, or make a report for this head:") + " ",
         el("code", { text: `selfattention report … --head ${l}.${h}` }), "."));
       if (TOPK) {
         const [idx, wt] = topKeys(l, h, s);
-        box.append(el("p", { class: "small", text: `Heaviest keys of query “${D.tokens[s]}” (#${s}) in this head (from the tiled statistics):` }),
+        box.append(el("p", { class: "small", text: tx("Heaviest keys of query “{token}” (#{s}) in this head (from the tiled statistics):", { token: D.tokens[s], s }) }),
           el("div", { class: "chips" }, idx.map((j, n) => j < 0 ? null : el("span", { "data-key": j }, el("i", { text: "#" + j }), `${D.tokens[j]} ${fmt(wt[n], 4)}`))));
       }
       return;
     }
     const dk = e.query ? e.query.shape[1] : D.head_dim, dv = e.context.shape[1];
     box.append(el("div", { class: "formula", text:
-      `scores = Q Kᵀ   →   scaled = scores × ${fmt(e.scale, 6)}${e.scale === 1 ? "" : " (1/√" + dk + ")"}   →   weights = softmax over each row   →   context = weights · V` }));
+      tx("scores = Q Kᵀ   →   scaled = scores × {scale}   →   weights = softmax over each row   →   context = weights · V",
+        { scale: fmt(e.scale, 6) + (e.scale === 1 ? "" : " (1/√" + dk + ")") }) }));
     if (T <= 12) {
       const tok = D.tokens, dl = (n) => Array.from({ length: n }, (_, i) => "d" + i);
       const mats = el("div", { class: "mats" });
       if (e.query) {
-        mats.append(matTable("Q (query)", e.query, T, dk, tok, dl(dk), s));
-        mats.append(matTable("K (key)", e.key, T, dk, tok, dl(dk), s));
-        mats.append(matTable("V (value)", e.value, T, e.value.shape[1], tok, dl(e.value.shape[1]), s));
+        mats.append(matTable(tx("Q (query)"), e.query, T, dk, tok, dl(dk), s));
+        mats.append(matTable(tx("K (key)"), e.key, T, dk, tok, dl(dk), s));
+        mats.append(matTable(tx("V (value)"), e.value, T, e.value.shape[1], tok, dl(e.value.shape[1]), s));
       }
-      mats.append(matTable("1 · scores Q Kᵀ", e.scores, T, T, tok, tok, s));
-      mats.append(matTable(`2 · scaled × ${fmt(e.scale, 4)}`, e.scaled, T, T, tok, tok, s));
-      mats.append(matTable("3 · weights softmax", e.weights, T, T, tok, tok, s));
-      mats.append(matTable("4 · context weights · V", e.context, T, dv, tok, dl(dv), s));
+      mats.append(matTable(tx("1 · scores Q Kᵀ"), e.scores, T, T, tok, tok, s));
+      mats.append(matTable(tx("2 · scaled × {scale}", { scale: fmt(e.scale, 4) }), e.scaled, T, T, tok, tok, s));
+      mats.append(matTable(tx("3 · weights softmax"), e.weights, T, T, tok, tok, s));
+      mats.append(matTable(tx("4 · context weights · V"), e.context, T, dv, tok, dl(dv), s));
       box.append(mats);
     }
     // one query's row of the trace, key by key
@@ -594,14 +616,14 @@
     let mx = 0, sum = 0;
     for (let j = 0; j < T; j++) { mx = Math.max(mx, wrow(j)); sum += wrow(j); }
     const bar = el("div", { class: "toolbar" },
-      el("span", { class: "small muted", text: `Row ${s} of the trace: query “${D.tokens[s]}” against every key.` }),
+      el("span", { class: "small muted", text: tx("Row {s} of the trace: query “{token}” against every key.", { s, token: D.tokens[s] }) }),
       el("button", { class: "btn", type: "button", onclick: () => { S.sortByWeight = !S.sortByWeight; renderTrace(); },
-        text: S.sortByWeight ? "order by position" : "order by weight" }),
+        text: S.sortByWeight ? tx("order by position") : tx("order by weight") }),
       T > 40 ? el("button", { class: "btn", type: "button", onclick: () => { S.showAll = !S.showAll; renderTrace(); },
-        text: S.showAll ? `show ${24} keys` : `show all ${T} keys` }) : null);
+        text: S.showAll ? tx("show {n} keys", { n: 24 }) : tx("show all {n} keys", { n: T }) }) : null);
     const tbl = el("table", { class: "num" });
-    tbl.append(el("tr", null, ["#", "key"].map((t) => el("th", { class: "rl", text: t })),
-      ["score qᵢ·kⱼ", `scaled ×${fmt(e.scale, 4)}`, "weight", ""].map((t) => el("th", { text: t }))));
+    tbl.append(el("tr", null, ["#", tx("key")].map((x) => el("th", { class: "rl", text: x })),
+      [tx("score qᵢ·kⱼ"), tx("scaled ×{scale}", { scale: fmt(e.scale, 4) }), tx("weight"), ""].map((x) => el("th", { text: x }))));
     for (const j of shown) {
       const wj = wrow(j);
       tbl.append(el("tr", { class: j === s ? "sel" : null, "data-key": j },
@@ -613,9 +635,9 @@
         el("td", { class: "barcell" }, el("span", { class: "bar", style: `width:${mx > 0 ? (100 * wj / mx).toFixed(1) : 0}px` }))));
     }
     const left = el("div", null, bar, el("div", { class: "scroll" }, tbl),
-      el("p", { class: "small muted", text: `Σ weights over all ${T} keys = ${sum.toFixed(6)}` + (limit < T ? ` · showing ${shown.length} of ${T} keys` : "") }));
+      el("p", { class: "small muted", text: tx("Σ weights over all {n} keys = {sum}", { n: T, sum: sum.toFixed(6) }) + (limit < T ? " · " + tx("showing {shown} of {n} keys", { shown: shown.length, n: T }) : "") }));
     const ctx = el("div", { class: "ctx" },
-      el("div", { class: "small", style: "font-weight:600;margin-bottom:6px", text: `Context vector z${sub(s)} = Σⱼ weightⱼ · vⱼ  (${dv} numbers)` }),
+      el("div", { class: "small", style: "font-weight:600;margin-bottom:6px", text: tx("Context vector z{s} = Σⱼ weightⱼ · vⱼ  ({n} numbers)", { s: sub(s), n: dv }) }),
       el("div", { class: "chips" }, Array.from({ length: dv }, (_, d) => el("span", null, el("i", { text: "d" + d }), fmt(e.context[s * dv + d], 4)))));
     box.append(el("div", { class: "row-trace" }, left, ctx));
   }
@@ -664,6 +686,7 @@
     // the overlay is small and read back by tools and tests (pixel checks of the highlight)
     $("overlay").getContext("2d", { willReadFrequently: true });
     D = JSON.parse($("report-data").textContent);
+    translatePage(D.labels, D.lang);
     T = D.n_tokens; L = D.n_layers; H = D.n_heads;
     S.layer = D.initial.layer; S.head = D.initial.head; S.token = D.initial.token;
     renderHeader();
@@ -723,8 +746,8 @@
     });
     const tDone = performance.now();
     window.__report = { decodeMs: tDecode - T0, renderMs: tDone - tDecode, totalMs: tDone - T0 };
-    $("made").textContent = `Made by selfattention (python -m selfattention report). ${T} tokens, ${L} × ${H} heads; ` +
-      `decoded in ${Math.round(tDecode - T0)} ms, drawn in ${Math.round(tDone - tDecode)} ms. No network: everything is in this file.`;
+    $("made").textContent = tx("Made by selfattention (python -m selfattention report). {T} tokens, {L} × {H} heads; decoded in {decode} ms, drawn in {draw} ms. No network: everything is in this file.",
+      { T, L, H, decode: Math.round(tDecode - T0), draw: Math.round(tDone - tDecode) });
     app.dataset.ready = "1";
   }
   main().catch((e) => { showError(String(e && e.stack || e)); console.error(e); });
