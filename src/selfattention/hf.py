@@ -369,37 +369,17 @@ def attention_forward(
     if calls is not None:
         calls.append(AttentionCall(query, key, value, mask, causal, scale, enable_gqa, k_len))
     weights = None
+    args = dict(attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=enable_gqa)
     if want:
         with _hooks.muted():
-            steps = attention_steps(
-                query,
-                key,
-                value,
-                attn_mask=mask,
-                dropout_p=dropout,
-                is_causal=causal,
-                scale=scale,
-                enable_gqa=enable_gqa,
-                training=training,
-            )
+            steps = attention_steps(query, key, value, **args, training=training)
         _hooks.record(_honest_steps(steps, softcap, scaling, sink is not None, k_len))
         context = steps.context
         weights = steps.weights[..., :k_len].to(query.dtype)
         if full_k_len > k_len:  # keys of empty static-cache slots: weight 0
             weights = torch.nn.functional.pad(weights, (0, full_k_len - k_len))
     else:
-        context = scaled_dot_product_attention(
-            query,
-            key,
-            value,
-            attn_mask=mask,
-            dropout_p=dropout,
-            is_causal=causal,
-            scale=scale,
-            enable_gqa=enable_gqa,
-            training=training,
-            backend=BACKEND,
-        )
+        context = scaled_dot_product_attention(query, key, value, **args, training=training, backend=BACKEND)
     # (B, H, Tq, Dv) -> (B, Tq, H, Dv): the layout transformers reshapes to (B, Tq, H·Dv)
     return context.transpose(1, 2).contiguous(), weights
 

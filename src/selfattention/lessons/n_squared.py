@@ -20,8 +20,6 @@ needs kernels with O(n) memory (lecture 23: FlashAttention-style tiling), in one
 
 from __future__ import annotations
 
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ import torch
 from ..functional import attention_steps
 from ..i18n import N_, _
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict, progress_steps
+from .three_steps import _median_seconds as _timed_median
 
 LESSON = Lesson(
     name="n-squared-bill",
@@ -147,12 +146,7 @@ def verdict(m: dict[str, Any]) -> Verdict:
 
 def _median_seconds(fn: Any, repeats: int) -> float:
     fn()  # warm-up: allocator and caches
-    times = []
-    for _step in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return _timed_median(fn, repeats)
 
 
 def run(
