@@ -131,6 +131,16 @@ def c_scale_negative(g):
     return _plain(q, k, v, scale=-2.5)
 
 
+def c_scale_zero_causal(g):  # scale 0 with a plain causal square: each query averages its visible values
+    q, k, v = _randn(g, 2, 6, 4), _randn(g, 2, 6, 4), _randn(g, 2, 6, 3)
+    return _plain(q, k, v, is_causal=True, scale=0.0)
+
+
+def c_scale_negative_causal(g):  # once NaN on the torch backend (SDPA's is_causal scales the −inf too)
+    q, k, v = _randn(g, 2, 6, 4), _randn(g, 2, 6, 4), _randn(g, 2, 6, 3)
+    return _plain(q, k, v, is_causal=True, scale=-1.5)
+
+
 def c_single_token(g):  # T = 1: the output is the value itself
     q, k, v = _randn(g, 3, 1, 5), _randn(g, 3, 1, 5), _randn(g, 3, 1, 4)
     return _plain(q, k, v)
@@ -209,6 +219,11 @@ def c_empty_both_causal(g):
 def c_empty_batch(g):
     q, k, v = _randn(g, 0, 2, 3, 4), _randn(g, 0, 2, 5, 4), _randn(g, 0, 2, 5, 4)
     return dict(query=q, key=k, value=v), torch.zeros(0, 2, 3, 4, dtype=torch.float64), None
+
+
+def c_empty_batch_broadcast(g):  # B = 0 broadcast against B = 1 is an empty batch (found by the fuzzer)
+    q, k, v = _randn(g, 1, 1, 3, 4), _randn(g, 0, 1, 3, 4), _randn(g, 0, 1, 3, 4)
+    return dict(query=q, key=k, value=v), torch.zeros(0, 1, 3, 4, dtype=torch.float64), None
 
 
 def c_zero_heads(g):  # H = 0 once crashed the fused CPU kernel (SIGFPE, found by the fuzzer)
@@ -365,6 +380,8 @@ CASES = [
     Case("causal_and_float_mask", c_causal_and_float_mask),
     Case("scale_0.0_honoured", c_scale_zero),
     Case("scale_negative", c_scale_negative),
+    Case("scale_0.0_causal", c_scale_zero_causal),
+    Case("scale_negative_causal", c_scale_negative_causal),
     Case("single_token", c_single_token),
     Case("one_visible_key", c_one_visible_key),
     Case("bool_True_means_attend", c_polarity_true_means_attend),
@@ -380,6 +397,7 @@ CASES = [
     Case("empty_both_causal", c_empty_both_causal),
     Case("empty_batch_B=0", c_empty_batch),
     Case("zero_heads_H=0", c_zero_heads),
+    Case("empty_batch_broadcast", c_empty_batch_broadcast),
     Case("nan_inf_in_key_hidden_from_all", c_nan_in_key_hidden_from_all),
     Case("nan_inf_in_key_hidden_from_some", lambda g: _hidden_from_some(g)),
     Case("inf_in_hidden_key_value_some_rows", c_inf_in_hidden_key_and_value_some_rows),

@@ -207,7 +207,7 @@ def torch_sdpa(
     if not training:
         dropout_p = 0.0
     scale = resolve_scale(scale, query.shape[-1])
-    if q_len == 0 or k_len == 0:
+    if q_len == 0 or k_len == 0 or 0 in batch:  # (a batch dim of 0 broadcast against 1 is 0, not 1)
         return F._empty_context(query, key, value, (*batch, q_len, value.shape[-1]))
     if not (F._all_finite(query) and F._all_finite(key) and F._all_finite(value)):
         # torch SDPA's fused kernels turn a NaN query row into zeros and let a hidden NaN/inf key or value
@@ -218,8 +218,14 @@ def torch_sdpa(
     mask_in = vis.attn_mask
     # Causal with query 0 at key 0 (Tq = Tk bottom-right, or an explicit top-left offset) and nothing else:
     # torch SDPA's own is_causal means exactly that, and its fused kernel skips the hidden blocks.
+    # (scale > 0 only: SDPA scales the hidden scores' −inf too, and 0 · −inf is NaN)
     plain_causal = (
-        vis.is_causal and vis.offset == 0 and vis.window is None and vis.q_doc is None and mask_in is None
+        vis.is_causal
+        and vis.offset == 0
+        and vis.window is None
+        and vis.q_doc is None
+        and mask_in is None
+        and scale > 0.0
     )
     visible = None if plain_causal else F._visible(vis, (*batch, q_len, k_len), query.device)
     compute = vendor.compute_dtype(query.device, query.dtype)

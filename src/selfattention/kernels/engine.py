@@ -209,9 +209,18 @@ def _tile(prob: Problem, call: Call, device: torch.device) -> torch.Tensor | Non
     )
 
 
-def _row_seen(bias: torch.Tensor) -> torch.Tensor:
-    """Bool (b, h, rows) of the rows that see at least one key of a bias tile."""
-    return (bias != -math.inf).any(dim=-1)
+def _row_seen(bias: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Bool (b, h, rows) of the rows that see at least one key of a bias tile — for a ``causal`` (square,
+    diagonal) call only the keys up to the row's own position count: a key the bias shows but the
+    kernel's causal rule hides is not seen (a row with none gets lse = 0 from the fused kernel)."""
+    shown = bias != -math.inf
+    if causal:
+        rows, cols = bias.shape[-2], bias.shape[-1]
+        if rows == 1:  # a key mask riding along, broadcast over the rows: give it its rows
+            rows = cols
+            shown = shown.expand(*shown.shape[:-2], rows, cols)
+        shown = shown & torch.ones(rows, cols, dtype=torch.bool, device=bias.device).tril()
+    return shown.any(dim=-1)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -223,7 +232,7 @@ def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
     if prob.kernel == "vendor":
         o, l = vendor.forward(qv, kv, vv, bias, call.causal, prob.scale)
         if bias is not None:  # the fused kernel gives a row that sees nothing lse = 0: make it −inf
-            seen = _row_seen(bias)
+            seen = _row_seen(bias, call.causal)
             if not bool(seen.all()):
                 l = torch.where(seen, l, torch.full((), -math.inf, dtype=l.dtype, device=l.device))
         return o, l
