@@ -459,3 +459,17 @@ def test_key_padding_mask_with_bottom_right_causal(tq, tk, kernel):
                 q.double(), k.double(), v.double(), attn_mask=mask, is_causal=True
             )
             torch.testing.assert_close(out.double(), want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("kernel", [None, "exact"])
+def test_a_minus_inf_query_row_still_sees_a_nan_value(kernel):
+    # Every score of the row is −inf from the data: its weights are 0, but a NaN value it may see makes it
+    # NaN (0 · NaN), as in the spec; the exact kernel once judged "seen" from the scores and gave 0.
+    q, k, v = _qkv(1, 2, 2, 6, 6, 4, 4, dtype=torch.float32, seed=3)
+    k = k.abs() + 0.1
+    q[0, 1, 3] = -math.inf
+    v[0, 1, 1, 2] = math.nan
+    out = tiled_attention(q, k, v, is_causal=True, block_q=2, block_k=2, kernel=kernel)
+    want = sa.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    assert torch.equal(torch.isnan(out), torch.isnan(want)) and bool(torch.isnan(want[0, 1, 3]).any())
+    torch.testing.assert_close(out.nan_to_num().double(), want.nan_to_num(), atol=2e-5, rtol=2e-5)

@@ -99,10 +99,25 @@ def _finite(t: torch.Tensor) -> bool:
     return t.numel() == 0 or bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
-def _guarded_pv(p: torch.Tensor, v: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+def _visible_tile(s, bias5, causal: bool, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
+    """Bool, broadcastable to the tile ``s``: the entries the bias and the causal rule leave visible."""
+    vis = torch.ones((), dtype=torch.bool, device=s.device).expand(s.shape)
+    if bias5 is not None:
+        rows = slice(i0, i1) if bias5.shape[-2] != 1 else slice(None)
+        cols = slice(j0, j1) if bias5.shape[-1] != 1 else slice(None)
+        vis = vis & (bias5[..., rows, cols] != _NEG_INF)
+    if causal and j1 > i0:
+        r = torch.arange(i0, i1, device=s.device)[:, None]
+        c = torch.arange(j0, j1, device=s.device)[None, :]
+        vis = vis & (c <= r)
+    return vis
+
+
+def _guarded_pv(p: torch.Tensor, v: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
     """p @ v where a non-finite value reaches only the rows that can see its key (``seen``: bool of the
-    tile's visible entries), as in the spec."""
-    if _finite(v):
+    tile's visible entries by the visibility, not by the scores; None when the values are finite), as in
+    the spec."""
+    if seen is None or _finite(v):
         return p @ v
     bad = ~torch.isfinite(v)
     clean = p @ torch.where(bad, torch.zeros((), dtype=v.dtype, device=v.device), v)
@@ -129,6 +144,7 @@ def forward(
     q5 = q.unflatten(1, (hkv, g))  # (B, Hkv, G, R, D)
     v5 = v[:, :, None]  # (B, Hkv, 1, C, Dv)
     bias5 = _bias5(bias, hkv, g)
+    v_bad = not _finite(v)
     out = q.new_zeros((b, hkv, g, rows, dv))
     lse = q.new_full((b, hkv, g, rows), _NEG_INF)
     for i0, i1, chunks in tiles(rows, cols, causal, block_q, block_k):
@@ -137,6 +153,9 @@ def forward(
         acc = q.new_zeros((b, hkv, g, i1 - i0, dv))
         for j0, j1 in chunks:
             s = scores_tile(q5, k, bias5, causal, scale, i0, i1, j0, j1)
+            # the keys a row may see by the visibility (a score −inf from the data is still seen: a NaN
+            # value there makes the row NaN, as in the spec); built only when the values are not finite
+            seen = _visible_tile(s, bias5, causal, i0, i1, j0, j1) if v_bad else None
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
             m_ref = torch.where(m_new == _NEG_INF, torch.zeros_like(m_new), m_new)
             alpha = torch.exp(m - m_ref)  # 0 for the first chunk a row sees
@@ -144,7 +163,7 @@ def forward(
             total = total * alpha + p.sum(dim=-1, keepdim=True)
             if dropout is not None:
                 p = p * dropout.scale(i0, j0, p.shape, p)
-            acc = acc * alpha + _guarded_pv(p, v5[..., j0:j1, :], s != _NEG_INF)
+            acc = acc * alpha + _guarded_pv(p, v5[..., j0:j1, :], seen)
             m = m_new
         out[..., i0:i1, :] = acc / torch.where(total == 0, torch.ones_like(total), total)
         m_ref = torch.where(m == _NEG_INF, torch.zeros_like(m), m)
