@@ -127,6 +127,7 @@ def _blocks(plan: _Plan, src: int, q: torch.Tensor, k: torch.Tensor, v: torch.Te
                 plan.scale,
                 block_q=plan.block,
                 block_k=plan.block,
+                kernel=plan.kernel,
             )
             yield rows, cols, prob
 
@@ -152,6 +153,7 @@ class _Plan:
     block: int
     overlap: bool
     stats: RingStats | None
+    kernel: str | None = None
 
     def kv_numel(self, src: int) -> int:
         return math.prod(self.k_batch) * self.k_lens[src] * (self.d + self.dv)
@@ -374,13 +376,15 @@ def ring_attention(
         float(_DTYPES.index(query.dtype)),
         scale,
         float(gqa),
+        float(all(engine.finite(t) for t in (query, key, value))),
     ]
     names = ["", "", "head_dim D", "value head_dim Dv", "batch/head dims", "key/value batch/head dims"]
     names += ["is_causal", "layout", "dtype", "scale", "enable_gqa heads ratio"]
+    checked = len(meta) - 1  # the last entry (inputs finite) may differ between ranks
     every = _exchange_meta(meta, group, query.device)
     rank = dist.get_rank(group)
     for r, theirs in enumerate(every):
-        for i in range(2, len(meta)):
+        for i in range(2, checked):
             if theirs[i] != meta[i]:
                 raise ValueError(
                     f"ring_attention: rank {r} and rank {rank} disagree on {names[i]} "
@@ -410,5 +414,8 @@ def ring_attention(
         block=block,
         overlap=overlap,
         stats=stats,
+        # one kernel for every block of every rank: a NaN/inf anywhere sends all of them to the exact kernel
+        # (a fused block's backward would meet the NaN output rows of another block and leak NaN)
+        kernel=None if all(m[-1] == 1.0 for m in every) else "exact",
     )
     return _RingAttention.apply(query, key, value, plan)

@@ -52,6 +52,11 @@ class Problem:
     )
 
 
+def finite(t: torch.Tensor | None) -> bool:
+    """No NaN/inf in ``t`` (one sum first; the elementwise check only when the sum is not finite)."""
+    return _finite(t)
+
+
 def _finite(t: torch.Tensor | None) -> bool:
     return t is None or t.numel() == 0 or bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
