@@ -242,6 +242,10 @@ def _subset_bytes(path: Path, family: str, chars: str) -> bytes:
     options.layout_features = ["*"]
     options.name_IDs = ["*"]
     options.notdef_outline = True
+    options.drop_tables = [
+        *options.drop_tables,
+        "FFTM",
+    ]  # FontForge's timestamps: else one stderr line a report
     font = TTFont(str(path), fontNumber=font_number, lazy=False)
     subsetter = subset.Subsetter(options)
     subsetter.populate(text=chars)
