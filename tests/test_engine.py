@@ -473,3 +473,10 @@ def test_a_minus_inf_query_row_still_sees_a_nan_value(kernel):
     want = sa.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
     assert torch.equal(torch.isnan(out), torch.isnan(want)) and bool(torch.isnan(want[0, 1, 3]).any())
     torch.testing.assert_close(out.nan_to_num().double(), want.nan_to_num(), atol=2e-5, rtol=2e-5)
+
+
+def test_a_dropout_seed_that_is_not_an_int_is_refused():
+    q = torch.randn(1, 1, 4, 2)
+    for bad in (1.5, "3", True):
+        with pytest.raises(TypeError, match="dropout_seed"):
+            tiled_attention(q, q, q, dropout_p=0.5, dropout_seed=bad)

@@ -288,6 +288,8 @@ def tiled_attention(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
     )
     bq, bk = _blocks(block_q, block_k)
+    if dropout_seed is not None and (isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int)):
+        raise TypeError(f"dropout_seed must be an int or None, got {type(dropout_seed).__name__}")
     tq, dv = c.vis.q_len, c.v.shape[-1]
     if tq == 0 or c.vis.k_len == 0 or c.q.shape[0] == 0 or c.q.shape[1] == 0:
         out = _empty_context(query, key, value, (*c.batch, tq, dv))
