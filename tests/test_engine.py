@@ -480,3 +480,21 @@ def test_a_dropout_seed_that_is_not_an_int_is_refused():
     for bad in (1.5, "3", True):
         with pytest.raises(TypeError, match="dropout_seed"):
             tiled_attention(q, q, q, dropout_p=0.5, dropout_seed=bad)
+
+
+@pytest.mark.parametrize("backend", ["torch", "tiled"])
+def test_a_learned_mask_of_zeros_gets_its_gradient(backend):
+    # The tiled path once dropped the tiles of a float mask whose blocks are all 0 ("no bias needed") and
+    # returned a zero gradient for a mask that requires grad.
+    q, k, v = _qkv(1, 2, 2, 9, 9, 4, 4, dtype=torch.float32, seed=11)
+    w = torch.randn(1, 2, 9, 4, generator=torch.Generator().manual_seed(2))
+    grads = {}
+    for name, dtype in (("spec", torch.float64), ("fast", torch.float32)):
+        ins = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        m = torch.zeros(9, 9, dtype=dtype, requires_grad=True)
+        b = "reference" if name == "spec" else backend
+        (sa.scaled_dot_product_attention(*ins, attn_mask=m, backend=b) * w.to(dtype)).sum().backward()
+        grads[name] = [t.grad.double() for t in (*ins, m)]
+    assert grads["spec"][3].abs().sum() > 0.1
+    for got, want in zip(grads["fast"], grads["spec"], strict=True):
+        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)

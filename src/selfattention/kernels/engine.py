@@ -203,7 +203,7 @@ def _fold(call: Call, t: torch.Tensor, b: int, into: torch.Tensor) -> None:
 def _tile(prob: Problem, call: Call, device: torch.device) -> torch.Tensor | None:
     if not call.tile:
         return None
-    return prob.vis.tile(
+    tile = prob.vis.tile(
         call.r0,
         call.r0 + call.rows,
         call.c0,
@@ -212,6 +212,9 @@ def _tile(prob: Problem, call: Call, device: torch.device) -> torch.Tensor | Non
         device,
         structure=not call.causal,
     )
+    if tile is None and prob.mask_grad:  # a block of a learned mask that happens to be all 0: dS is still due
+        tile = torch.zeros((1, 1, call.rows, call.cols), dtype=prob.compute, device=device)
+    return tile
 
 
 def _row_seen(bias: torch.Tensor, causal: bool) -> torch.Tensor:
