@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -35,17 +36,7 @@ from .payload import _exact_bytes, _payload, _steps_record, head_statistics, qua
 __all__ = ["model_report"]
 
 _SPECIAL = re.compile(r"^(\[(CLS|SEP|PAD|UNK|MASK)\]|<[^<>\s]*>|<\|[^|]*\|>)$")
-_FIELDS = (
-    "query",
-    "key",
-    "value",
-    "scores",
-    "scaled_scores",
-    "masked_scores",
-    "visible",
-    "weights",
-    "context",
-)
+_FIELDS = tuple(f.name for f in fields(AttentionSteps) if f.name != "scale")  # the per-head tensors
 
 
 def _fallback_head(s: dict[str, torch.Tensor], n_heads: int) -> tuple[int, int]:
