@@ -498,3 +498,22 @@ def test_a_learned_mask_of_zeros_gets_its_gradient(backend):
     assert grads["spec"][3].abs().sum() > 0.1
     for got, want in zip(grads["fast"], grads["spec"], strict=True):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_row_whose_only_visible_key_is_not_finite_matches_the_spec(bad, grad):
+    # The fused kernel drops a NaN score like a hidden key: a row whose visible keys are all NaN came back
+    # finite ("sees nothing") and, without autograd, the output check let it through (found by the fuzzer).
+    q = torch.tensor([[1.0, 1.0], [0.5, -1.0], [2.0, 0.0]])
+    k = torch.tensor([[bad, 0.5], [0.3, 0.2], [0.1, 0.1]])
+    v = torch.tensor([[1.0, 2.0], [0.5, 0.0], [3.0, 1.0]])
+    with torch.set_grad_enabled(grad):
+        out = tiled_attention(q, k, v, window=1)  # each query sees its own key only
+    want = sa.scaled_dot_product_attention(
+        q.double(), k.double(), v.double(), attn_mask=torch.eye(3, dtype=torch.bool)
+    )
+    assert torch.equal(torch.isnan(out), torch.isnan(want)) and torch.equal(
+        torch.isinf(out), torch.isinf(want)
+    )
+    torch.testing.assert_close(out.nan_to_num().double(), want.nan_to_num(), atol=2e-6, rtol=2e-6)

@@ -239,10 +239,18 @@ def _row_seen(bias: torch.Tensor, causal: bool) -> torch.Tensor:
 def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
     if prob.kernel == "vendor":
         o, l = vendor.forward(qv, kv, vv, bias, call.causal, prob.scale)
-        if bias is not None:  # the fused kernel gives a row that sees nothing lse = 0: make it −inf
-            seen = _row_seen(bias, call.causal)
-            if not bool(seen.all()):
-                l = torch.where(seen, l, torch.full((), -math.inf, dtype=l.dtype, device=l.device))
+        seen = None if bias is None else _row_seen(bias, call.causal)
+        if prob.verify:
+            # The fused kernel drops a NaN score like a hidden one: a row whose visible keys are all NaN
+            # comes back as "sees nothing" (out 0, lse 0 or −inf), finite. A row that may see keys and
+            # looks like that is checked on the exact kernel (rare: also an all-zero row of real data).
+            empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
+            if seen is not None:
+                empty = empty & seen
+            if bool(empty.any()):
+                raise _NotFinite
+        if seen is not None and not bool(seen.all()):  # the fused kernel gives a blind row lse = 0: −inf
+            l = torch.where(seen, l, torch.full((), -math.inf, dtype=l.dtype, device=l.device))
         return o, l
     drop = None if prob.dropout is None else prob.dropout.at(call.r0, call.c0)
     return exact.forward(
@@ -360,6 +368,10 @@ def _stack_rows(call: Call, *ts: torch.Tensor) -> list[torch.Tensor]:
 # ---------------------------------------------------------------------------------------------------------
 
 
+class _NotFinite(Exception):
+    """Raised inside a deferred-check forward when a fused call met NaN/inf (see :func:`choose_kernel`)."""
+
+
 def _dense_rows(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when each row (last dim) is dense and nothing is broadcast (a (B, T, H, D) view seen as
     (B, H, T, D), a slice of a KV cache), else a contiguous copy: the fused kernels take such strides as
@@ -374,8 +386,12 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, mask, prob):  # type: ignore[override]
         c = prob.compute
-        out, lse = forward(_dense_rows(q.to(c)), _dense_rows(k.to(c)), _dense_rows(v.to(c)), prob)
-        if prob.verify and not _finite(out):
+        try:
+            out, lse = forward(_dense_rows(q.to(c)), _dense_rows(k.to(c)), _dense_rows(v.to(c)), prob)
+            redo = prob.verify and not _finite(out)
+        except _NotFinite:
+            redo = True
+        if redo:
             # keys/values held NaN/inf (see choose_kernel): recompute on the exact kernel
             c = torch.promote_types(q.dtype, torch.float32)
             prob = replace(prob, kernel="exact", reason=NON_FINITE, compute=c, verify=False)
