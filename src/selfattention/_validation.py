@@ -28,6 +28,14 @@ class FloatMaskWarning(UserWarning):
     """A float ``attn_mask`` made only of 0s and 1s: probably meant as a keep-mask (use bool)."""
 
 
+def all_finite(t: torch.Tensor | None) -> bool:
+    """True if ``t`` (None counts as finite) holds no NaN or ±inf. One vectorised sum first (a NaN or inf
+    anywhere makes it non-finite); only if the sum is not finite — or overflows — the elementwise check."""
+    if t is None or t.numel() == 0 or bool(torch.isfinite(t.sum())):
+        return True
+    return bool(torch.isfinite(t).all())
+
+
 def broadcast_shapes(*shapes: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
     """``torch.broadcast_shapes`` in plain Python (a tenth of its cost on the per-call path); raises
     ``RuntimeError`` like it when the shapes do not broadcast."""

@@ -20,11 +20,12 @@ through :func:`register_backend`.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from . import functional as F
-from ._validation import check_bool, check_dropout, check_mask, check_qkv, resolve_scale
+from ._validation import all_finite, check_bool, check_dropout, check_mask, check_qkv, resolve_scale
 from .kernels import vendor
 from .tiled import tiled_attention
 from .visibility import Visibility, as_visibility
@@ -209,7 +210,7 @@ def torch_sdpa(
     scale = resolve_scale(scale, query.shape[-1])
     if q_len == 0 or k_len == 0 or 0 in batch:  # (a batch dim of 0 broadcast against 1 is 0, not 1)
         return F._empty_context(query, key, value, (*batch, q_len, value.shape[-1]))
-    if not (F._all_finite(query) and F._all_finite(key) and F._all_finite(value)):
+    if not (all_finite(query) and all_finite(key) and all_finite(value)):
         # torch SDPA's fused kernels turn a NaN query row into zeros and let a hidden NaN/inf key or value
         # reach other rows through 0 · NaN; inputs holding NaN/inf are rare, so the spec computes them
         return F.attention_steps(
@@ -265,7 +266,7 @@ def torch_sdpa(
         return out.to(query.dtype)
 
     def spec(q, k, v, m):
-        return F.attention_steps(q, k, v, vis.with_mask(None) if m is None else _same(vis, m), 0.0, False, scale,
+        return F.attention_steps(q, k, v, vis.with_mask(None) if m is None else replace(vis, attn_mask=m), 0.0, False, scale,
                                  enable_gqa=enable_gqa).context  # fmt: skip
 
     if (
@@ -275,12 +276,6 @@ def torch_sdpa(
     ):
         return _SpecForCreateGraph.apply(run, spec, query, key, value, mask_in)
     return run(query, key, value, mask_in)
-
-
-def _same(vis: Visibility, mask: torch.Tensor) -> Visibility:
-    from dataclasses import replace
-
-    return replace(vis, attn_mask=mask)
 
 
 register_backend("reference", _reference)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from . import _hooks
-from ._validation import check_dropout, check_mask, check_qkv, resolve_scale
+from ._validation import all_finite, check_dropout, check_mask, check_qkv, resolve_scale
 from .visibility import Visibility, as_visibility
 
 __all__ = [
@@ -79,14 +79,6 @@ class AttentionSteps:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _all_finite(t: torch.Tensor) -> bool:
-    """True if no entry is NaN or ±inf. One vectorised sum (a NaN or inf anywhere makes it non-finite);
-    only if the sum is not finite — or overflows — is the exact elementwise check run."""
-    if t.numel() == 0 or bool(torch.isfinite(t.sum())):
-        return True
-    return bool(torch.isfinite(t).all())
-
-
 def _empty_context(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shape: tuple[int, ...]
 ) -> torch.Tensor:
@@ -106,7 +98,7 @@ def _guarded_matmul(
     non-finite entries of ``b`` to the bool map of outputs that use one; those get the honest IEEE value
     (NaN/inf) as a constant: NaN in an attended position is reported, never scrubbed.
     """
-    if _all_finite(b):
+    if all_finite(b):
         return a @ b
     bad = ~torch.isfinite(b)
     clean = a @ torch.where(bad, torch.zeros((), dtype=b.dtype, device=b.device), b)
@@ -171,7 +163,7 @@ def attention_steps(
     visible = _visible(vis, score_shape, query.device)
     all_visible = torch.ones((), dtype=torch.bool, device=query.device).expand(score_shape)
     visible_or_all = all_visible if visible is None else visible
-    if visible is not None and not _all_finite(q):
+    if visible is not None and not all_finite(q):
         # a query that sees no key takes no part: NaN/inf it holds must not reach the key gradients
         # through 0 · NaN either (its output and gradient are zero)
         blind = ~visible.any(dim=-1, keepdim=True)  # (..., Tq, 1)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from .._validation import check_positive_int, check_qkv, resolve_scale
+from .._validation import all_finite, check_positive_int, check_qkv, resolve_scale
 from ..kernels import engine
 from ..kernels.merge import merge_into
 from ..visibility import PARTIAL, SKIP, Visibility, classify
@@ -376,7 +376,7 @@ def ring_attention(
         float(_DTYPES.index(query.dtype)),
         scale,
         float(gqa),
-        float(all(engine.finite(t) for t in (query, key, value))),
+        float(all(all_finite(t) for t in (query, key, value))),
     ]
     names = ["", "", "head_dim D", "value head_dim Dv", "batch/head dims", "key/value batch/head dims"]
     names += ["is_causal", "layout", "dtype", "scale", "enable_gqa heads ratio"]

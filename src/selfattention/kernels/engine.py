@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from .._validation import all_finite as _finite
 from ..visibility import Visibility
 from . import exact, vendor
 from .exact import Dropout
@@ -47,18 +48,8 @@ class Problem:
     mask_grad: bool = False
     exact_block_q: int = 256
     exact_block_k: int = 1024
-    verify: bool = (
-        False  # keys/values were not scanned: a non-finite output sends the call to the exact kernel
-    )
-
-
-def finite(t: torch.Tensor | None) -> bool:
-    """No NaN/inf in ``t`` (one sum first; the elementwise check only when the sum is not finite)."""
-    return _finite(t)
-
-
-def _finite(t: torch.Tensor | None) -> bool:
-    return t is None or t.numel() == 0 or bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+    # keys/values were not scanned (no autograd): a call that met NaN/inf is redone on the exact kernel
+    verify: bool = False
 
 
 NON_FINITE = "inputs hold NaN/inf (a fused kernel lets a hidden NaN leak through 0 · NaN)"
@@ -426,7 +417,7 @@ def _spec_grads(ctx, q, k, v, mask, dout):
             "double backward (create_graph=True) through attention with dropout is not supported: the "
             "dropout mask of the first backward cannot be replayed by the spec; use dropout_p=0"
         )
-    vis = prob.vis if mask is None else _with_live_mask(prob.vis, mask)
+    vis = prob.vis if mask is None else replace(prob.vis, attn_mask=mask)
     inputs = [t for t in (q, k, v, mask) if t is not None]
     with torch.enable_grad():
         out = attention_steps(q, k, v, attn_mask=vis, scale=prob.scale, enable_gqa=True).context
@@ -437,12 +428,6 @@ def _spec_grads(ctx, q, k, v, mask, dout):
     if mask is None:
         res.append(None)
     return res
-
-
-def _with_live_mask(vis: Visibility, mask: torch.Tensor) -> Visibility:
-    from dataclasses import replace
-
-    return replace(vis, attn_mask=mask)
 
 
 def attention(

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .._validation import all_finite as _finite
+
 __all__ = ["Dropout", "forward", "backward", "scores_tile", "tiles"]
 
 _NEG_INF = -math.inf
@@ -93,10 +95,6 @@ def scores_tile(
         c = torch.arange(j0, j1, device=s.device)[None, :]
         s = s.masked_fill(c > r, _NEG_INF)
     return s
-
-
-def _finite(t: torch.Tensor) -> bool:
-    return t.numel() == 0 or bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 def _visible_tile(s, bias5, causal: bool, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
