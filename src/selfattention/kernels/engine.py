@@ -235,11 +235,14 @@ def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
             # The fused kernel drops a NaN score like a hidden one: a row whose visible keys are all NaN
             # comes back as "sees nothing" (out 0, lse 0 or −inf), finite. A row that may see keys and
             # looks like that is checked on the exact kernel (rare: also an all-zero row of real data).
-            empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
-            if seen is not None:
-                empty = empty & seen
-            if bool(empty.any()):
-                raise _NotFinite
+            # One reduction first (per-call cost matters at small T): no |lse| that is 0, inf or NaN, no such row.
+            lo, hi = torch.aminmax(l.abs())
+            if not (bool(lo > 0) and bool(hi < math.inf)):
+                empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
+                if seen is not None:
+                    empty = empty & seen
+                if bool(empty.any()):
+                    raise _NotFinite
         if seen is not None and not bool(seen.all()):  # the fused kernel gives a blind row lse = 0: −inf
             l = torch.where(seen, l, torch.full((), -math.inf, dtype=l.dtype, device=l.device))
         return o, l
@@ -371,22 +374,29 @@ def _dense_rows(t: torch.Tensor) -> torch.Tensor:
     return t if dense else t.contiguous()
 
 
+def _checked_forward(q, k, v, prob: Problem) -> tuple[torch.Tensor, torch.Tensor, Problem]:
+    """:func:`forward` in the compute dtype, with the deferred NaN/inf check of ``prob.verify``; returns the
+    problem that produced the result (the exact kernel's when the fused result had to be recomputed)."""
+    c = prob.compute
+    try:
+        out, lse = forward(_dense_rows(q.to(c)), _dense_rows(k.to(c)), _dense_rows(v.to(c)), prob)
+        redo = prob.verify and not _finite(out)
+    except _NotFinite:
+        redo = True
+    if redo:
+        # keys/values held NaN/inf (see choose_kernel): recompute on the exact kernel
+        c = torch.promote_types(q.dtype, torch.float32)
+        prob = replace(prob, kernel="exact", reason=NON_FINITE, compute=c, verify=False)
+        out, lse = forward(q.to(c).contiguous(), k.to(c).contiguous(), v.to(c).contiguous(), prob)
+    return out, lse, prob
+
+
 class _Attention(torch.autograd.Function):
     """Forward and backward through the engine; saves q, k, v, the output and the log-sum-exp only."""
 
     @staticmethod
     def forward(ctx, q, k, v, mask, prob):  # type: ignore[override]
-        c = prob.compute
-        try:
-            out, lse = forward(_dense_rows(q.to(c)), _dense_rows(k.to(c)), _dense_rows(v.to(c)), prob)
-            redo = prob.verify and not _finite(out)
-        except _NotFinite:
-            redo = True
-        if redo:
-            # keys/values held NaN/inf (see choose_kernel): recompute on the exact kernel
-            c = torch.promote_types(q.dtype, torch.float32)
-            prob = replace(prob, kernel="exact", reason=NON_FINITE, compute=c, verify=False)
-            out, lse = forward(q.to(c).contiguous(), k.to(c).contiguous(), v.to(c).contiguous(), prob)
+        out, lse, prob = _checked_forward(q, k, v, prob)
         ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.prob = prob
         ctx.mark_non_differentiable(lse)
@@ -439,4 +449,9 @@ def attention(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, H, Tq, Dv) in query's dtype, lse (B, H, Tq)) with autograd. ``mask`` is the canonical
     float mask when its gradient is wanted (it must be ``prob.vis.attn_mask``), else None."""
+    if not (
+        torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, mask))
+    ):
+        out, lse, _ = _checked_forward(query, key, value, prob)  # no graph to record: no autograd.Function
+        return out.to(query.dtype), lse
     return _Attention.apply(query, key, value, mask, prob)
