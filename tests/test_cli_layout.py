@@ -141,3 +141,22 @@ def test_every_chinese_help_fits(at_80_columns, capsys):
         out = capsys.readouterr().out
         _assert_fits(out)
         assert "显示此帮助信息并退出" in out, argv
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ring_table_fits_and_shows_each_ranks_positions_as_runs(at_80_columns, capsys, layout):
+    from selfattention.distributed import sequence_positions
+
+    argv = ["ring", "-n", "2", "--seq-len", "10", "--heads", "1", "--head-dim", "4", "--layout", layout]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    _assert_fits(out)
+    assert "positions" in out and "positio…" not in out  # the one-word header is never truncated
+    cells = re.sub(r"[│┃\s]+", " ", out)
+    for rank in range(2):
+        pos = sorted(sequence_positions(10, 2, rank, layout).tolist())
+        # independent of the command's formatting code: split the positions where they jump
+        cuts = [i for i in range(1, len(pos)) if pos[i] != pos[i - 1] + 1]
+        runs = [pos[a:b] for a, b in zip([0, *cuts], [*cuts, len(pos)], strict=True)]
+        want = ", ".join(f"{r[0]}–{r[-1]}" for r in runs)
+        assert want in cells, (want, out)

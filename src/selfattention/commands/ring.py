@@ -24,6 +24,17 @@ from . import UsageError, console
 TOLERANCE = 1e-4
 
 
+def _runs(positions: list[int]) -> str:
+    """Sorted sequence positions as runs, "0–499" or "0–249, 750–999" (zig-zag)."""
+    runs: list[list[int]] = []
+    for p in sorted(positions):
+        if runs and p == runs[-1][1] + 1:
+            runs[-1][1] = p
+        else:
+            runs.append([p, p])
+    return ", ".join(f"{a}–{b}" if b > a else str(a) for a, b in runs)
+
+
 def _worker(rank: int, world: int, port: int, cfg: dict, outdir: str) -> None:
     import torch
 
@@ -129,26 +140,28 @@ def register(app: typer.Typer) -> None:
         table = Table(
             title=_("ring attention, T={T}, H={H}, D={D}, causal={causal}, {layout}").format(
                 T=seq_len, H=heads, D=head_dim, causal=causal, layout=layout
-            )
+            ),
+            pad_edge=False,
         )
         for col in (
             _("rank"),
             _("rows"),
-            _("first positions"),
+            _("positions"),
             _("sent MiB"),
             _("messages"),
-            _("tiles computed"),
+            _("tiles run"),
             _("skipped"),
             _("fwd+bwd s"),
         ):
-            table.add_column(col, justify="right")
+            # the positions header is one word: never truncated ("positio…"); the others may wrap
+            table.add_column(col, justify="right", min_width=len(col) if col == _("positions") else None)
         for r, p in enumerate(parts):
             pos = sd.sequence_positions(seq_len, world_size, r, layout)
             st = p["stats"]
             table.add_row(
                 str(r),
                 str(len(pos)),
-                " ".join(map(str, pos[:3].tolist())) + (" …" if len(pos) > 3 else ""),
+                _runs(pos.tolist()),
                 f"{st.bytes_sent / 2**20:.3f}",
                 str(st.messages),
                 str(st.tiles_computed),
