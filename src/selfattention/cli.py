@@ -138,6 +138,9 @@ def _tidy_help(command: Any) -> None:
                 param.help = param.help.format(**values)
         if getattr(param, "is_flag", False):
             param.metavar = ""
+        elif param.param_type_name == "argument" and param.name:
+            # upper case, as in every other usage line: typer then writes {FILES}... and [TEXT]
+            param.metavar = param.name.upper()
     for sub in getattr(command, "commands", {}).values():
         _tidy_help(sub)
 
