@@ -160,3 +160,13 @@ def test_ring_table_fits_and_shows_each_ranks_positions_as_runs(at_80_columns, c
         runs = [pos[a:b] for a, b in zip([0, *cuts], [*cuts, len(pos)], strict=True)]
         want = ", ".join(f"{r[0]}–{r[-1]}" for r in runs)
         assert want in cells, (want, out)
+
+
+@pytest.mark.parametrize("argv", [["check"], ["explain"], ["report"], ["lesson", "run"], ["lesson", "show"]])
+def test_usage_lines_name_arguments_in_upper_case(at_80_columns, capsys, argv):
+    with pytest.raises(SystemExit) as exit_:
+        command().main([*argv, "--help"], prog_name="selfattention")
+    assert exit_.value.code == 0
+    usage = next(line for line in capsys.readouterr().out.splitlines() if "Usage:" in line)
+    placeholders = re.findall(r"[{\[]([A-Za-z_]+)[}\]]", usage.split("[OPTIONS]", 1)[1])
+    assert placeholders and all(p.isupper() for p in placeholders), usage
