@@ -227,6 +227,19 @@ def test_model_report_notes_truncation_and_eager_difference():
     p = model_report(run)
     assert any("first 6 tokens" in n and "700" in n for n in p["notes"])
     assert ["vs transformers eager", "max |Δw| = 3.0e-08"] in p["facts"]
+    assert any("float32 rounding" in n for n in p["notes"]) and not any("MISMATCH" in n for n in p["notes"])
+
+
+def test_model_report_calls_a_difference_beyond_the_tolerance_a_mismatch():
+    from selfattention.pretrained import MATCH_TOLERANCE
+
+    run = synthetic_run(6)
+    run.max_abs_diff_weights = 0.03  # a wrong mask or scale, not rounding
+    notes = model_report(run)["notes"]
+    assert any("MISMATCH" in n and "3.0e-02" in n for n in notes)
+    assert not any("(float32 rounding)" in n for n in notes)
+    run.max_abs_diff_weights = MATCH_TOLERANCE  # the boundary still matches
+    assert not any("MISMATCH" in n for n in model_report(run)["notes"])
 
 
 # ---------------------------------------------------------------- the static figure

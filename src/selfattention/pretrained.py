@@ -40,6 +40,7 @@ from .i18n import N_, _
 
 __all__ = [
     "BACKEND_NAME",
+    "MATCH_TOLERANCE",
     "MATERIALISE_LIMIT",
     "M3E_SMALL",
     "MODEL_NAME",
@@ -62,6 +63,14 @@ BACKEND_NAME = hf.NAME
 """The name under which our attention is registered with transformers (``"selfattention"``)."""
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+
+MATCH_TOLERANCE = 1e-4
+"""Largest max |ours − eager| (weights and last hidden state, float32) that `explain` and the report call a
+match. Ours and eager are two separate float32 forward passes. They normally agree to ~2e-6, but the BLAS
+(MKL) may sum a batch of Q Kᵀ in another order from one process to the next (its results depend on memory
+alignment): at MiniLM's scores of up to ~30 that alone moved weights by 2.2e-5 in 1 process of 24 on the
+2-core test machine (never with ``MKL_CBWR=COMPATIBLE``). A wrong mask, scale or softmax moves them by
+more than 1e-2."""
 
 MATERIALISE_LIMIT = 2**25
 """Above this many weights (layers × heads × T × T) a run keeps no weight matrices: statistics and single

@@ -18,19 +18,15 @@ from rich.panel import Panel
 from rich.table import Table
 
 from ..i18n import N_, _
+from ..pretrained import MATCH_TOLERANCE
 from . import UsageError, console
 from ._notes import save_png, unknown_tokens_note
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
 DEFAULT_LAYER = 3
 DEFAULT_HEAD = 1
-TOLERANCE = 1e-4
-"""Max |ours − eager| allowed in float32, for the weights and for the last hidden state.
-
-Ours and eager are two separate float32 forward passes. They normally agree to ~2e-6, but the BLAS (MKL)
-may sum a batch of Q Kᵀ in another order from one process to the next (its results depend on memory
-alignment and threads): at MiniLM's scores of up to ~30, that alone moved weights by 2.2e-5 in 1 process
-of 24 here (never with ``MKL_CBWR=COMPATIBLE``). A wrong mask, scale or softmax moves them by > 1e-2."""
+TOLERANCE = MATCH_TOLERANCE
+"""Max |ours − eager| allowed, for the weights and the last hidden state (see MATCH_TOLERANCE)."""
 MAX_ROWS = 40
 """At most this many query rows in the tables (the heatmap from --out always has every token)."""
 

@@ -31,6 +31,7 @@ import torch
 from ..focus import fallback_token, strongest_link, strongest_link_topk
 from ..functional import AttentionSteps, attention_steps
 from ..i18n import _
+from ..pretrained import MATCH_TOLERANCE
 from .payload import _exact_bytes, _payload, _steps_record, head_statistics, quantise_weights
 
 __all__ = ["model_report"]
@@ -325,12 +326,19 @@ def _notes(run: Any, t: int, statistics_only: bool) -> list[str]:
                     "text gives exactly the same weights (largest difference 0)."
                 )
             )
-        else:
+        elif diff <= MATCH_TOLERANCE:
             notes.append(
                 _(
                     "The model ran on this library's attention; transformers' own eager attention on the same "
                     "text gives weights that differ from ours by at most {diff:.1e} (float32 rounding)."
                 ).format(diff=diff)
+            )
+        else:
+            notes.append(
+                _(
+                    "MISMATCH: transformers' own eager attention on the same text gives weights that differ "
+                    "from ours by {diff:.1e}, more than float32 rounding explains (tolerance {tolerance:g})."
+                ).format(diff=diff, tolerance=MATCH_TOLERANCE)
             )
     elif hidden is not None:
         notes.append(
