@@ -731,3 +731,48 @@ def test_non_tensor_backend_name_and_unknown_backend_are_clear():
         sa.scaled_dot_product_attention(q, q, q, backend="nope")
     with pytest.raises(ValueError, match="unknown attention backend"):
         sa.SelfAttention(4, 4, backend="nope")(q)
+
+
+# ------------------------------------------------- non-finite values: only the keys a row sees count
+
+
+def _per_row_ieee(q, k, v, mask):
+    """Row by row with plain Python floats over the visible keys only: IEEE inf/NaN arithmetic, and a hidden
+    key takes no part at all (independent of the library's guarded products)."""
+    out = torch.zeros(q.shape[-2], v.shape[-1], dtype=torch.float64)
+    for i in range(q.shape[-2]):
+        keys = [j for j in range(k.shape[-2]) if mask[i, j]]
+        s = torch.stack([q[i] @ k[j] for j in keys]) / q.shape[-1] ** 0.5
+        w = torch.softmax(s, dim=0).tolist()
+        for c in range(v.shape[-1]):
+            acc = 0.0
+            for wj, j in zip(w, keys, strict=True):
+                acc += wj * float(v[j, c])
+            out[i, c] = acc
+    return out
+
+
+@pytest.mark.parametrize(
+    "backend,blocks", [(b, None) for b in BACKENDS] + [("tiled", (1, 1)), ("tiled", (2, 3))]
+)
+def test_a_visible_inf_value_is_not_poisoned_by_a_hidden_nan(backend, blocks):
+    # row 0 sees key 0 only (value +inf in column 0); key 1's value is NaN in column 0, hidden from row 0;
+    # rows 2 and 3 see +inf and −inf in column 1 (→ NaN); row 1 sees the NaN (→ NaN in column 0)
+    g = torch.Generator().manual_seed(5)
+    q, k = (torch.randn(4, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    v = torch.randn(4, 3, generator=g, dtype=torch.float64)
+    v[0, 0], v[1, 0], v[2, 1], v[3, 1] = INF, NAN, -INF, INF
+    mask = torch.tensor(
+        [[1, 0, 0, 0],
+         [1, 1, 0, 0],
+         [0, 0, 1, 1],
+         [1, 0, 1, 1]], dtype=torch.bool,
+    )  # fmt: skip
+    want = _per_row_ieee(q, k, v, mask)
+    assert want[0, 0] == INF and torch.isnan(want[1, 0]) and torch.isnan(want[2, 1])  # the case is live
+    extra = {} if blocks is None else {"block_q": blocks[0], "block_k": blocks[1]}
+    for kernel in (None, "exact") if backend == "tiled" else (None,):
+        kw = dict(extra, kernel=kernel) if backend == "tiled" else extra
+        fn = sa.tiled.tiled_attention if backend == "tiled" else get_backend(backend)
+        out = fn(q[None], k[None], v[None], mask, **kw)[0]
+        torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-12, atol=1e-12)

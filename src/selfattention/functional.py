@@ -108,6 +108,42 @@ def _guarded_matmul(
     return torch.where(touches, honest, clean)
 
 
+def guarded_pv(p: torch.Tensor, v: torch.Tensor, seen: torch.Tensor) -> torch.Tensor:
+    """Context vectors ``p @ v`` (…, R, Dv) in which a NaN/±inf value reaches only the rows that see its key.
+
+    ``p`` (…, R, C) weights, ``v`` (…, C, Dv), ``seen`` bool (…, R, C): the keys each row may see by the
+    visibility (mask, causal, window …), not by its weights. A row's entry in a column that holds
+    non-finite values is what IEEE gives for the keys that row *sees* alone: NaN if one is NaN, if +inf
+    meets −inf, or if one is ±inf under a weight of exactly 0 or NaN (0 · inf, NaN · inf); else ±inf
+    (plus the finite rest, inf + NaN = NaN). Hidden keys contribute nothing, not even 0 · NaN (a plain ``p @ v`` would make a
+    visible +inf next to a hidden NaN NaN). Gradients flow through the finite part only. Shared by the spec
+    and the exact block kernel (:mod:`selfattention.kernels.exact`).
+    """
+    if all_finite(v):
+        return p @ v
+    zero = torch.zeros((), dtype=v.dtype, device=v.device)
+    bad = ~torch.isfinite(v)
+    clean = p @ torch.where(bad, zero, v)
+    with torch.no_grad():
+        seen_f = seen.to(v.dtype).expand(p.shape)
+
+        def hit(kind: torch.Tensor, rows: torch.Tensor = seen_f) -> torch.Tensor:  # a seen key of this kind
+            return (rows @ kind.to(v.dtype)) > 0
+
+        # 0 · inf and NaN · inf are NaN; a NaN weight already makes ``clean`` NaN
+        odd = seen_f * ((p == 0) | torch.isnan(p)).to(v.dtype)
+        nan = hit(torch.isnan(v)) | hit(torch.isinf(v), odd)
+        pos, neg = hit(v == math.inf), hit(v == -math.inf)
+        special = torch.where(
+            nan,
+            torch.full((), math.nan, dtype=v.dtype, device=v.device),
+            torch.where(pos, torch.full((), math.inf, dtype=v.dtype, device=v.device), -math.inf),
+        )
+        # + inf and − inf meet as NaN, and the finite rest is added with IEEE rules (inf + NaN = NaN)
+        special = special.to(clean.dtype) + torch.where(pos & neg, math.nan, clean.detach())
+    return torch.where(nan | pos | neg, special, clean)
+
+
 def _visible(vis: Visibility, shape: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
     """Bool (…, Tq, Tk) of the keys each query may see, or None when every key is visible."""
     if not (vis.structural or vis.q_doc is not None or vis.attn_mask is not None):
@@ -203,9 +239,7 @@ def attention_steps(
         used = weights * keep / (1.0 - dropout_p)
 
     # Step 4: context vectors z_i = Σ_j α_ij v_j  (…, Tq, Dv)
-    context = _guarded_matmul(used, v, lambda bad: (visible_or_all.to(v.dtype) @ bad.to(v.dtype)) > 0).to(
-        query.dtype
-    )
+    context = guarded_pv(used, v, visible_or_all).to(query.dtype)
 
     steps = AttentionSteps(
         query=q,

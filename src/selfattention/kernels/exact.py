@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from .._validation import all_finite as _finite
+from ..functional import guarded_pv
 
 __all__ = ["Dropout", "forward", "backward", "scores_tile", "tiles"]
 
@@ -113,14 +114,11 @@ def _visible_tile(s, bias5, causal: bool, i0: int, i1: int, j0: int, j1: int) ->
 
 def _guarded_pv(p: torch.Tensor, v: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
     """p @ v where a non-finite value reaches only the rows that can see its key (``seen``: bool of the
-    tile's visible entries by the visibility, not by the scores; None when the values are finite), as in
-    the spec."""
+    tile's visible entries by the visibility, not by the scores; None when the values are finite): the
+    spec's :func:`selfattention.functional.guarded_pv`, tile by tile."""
     if seen is None or _finite(v):
         return p @ v
-    bad = ~torch.isfinite(v)
-    clean = p @ torch.where(bad, torch.zeros((), dtype=v.dtype, device=v.device), v)
-    touches = (seen.to(v.dtype) @ bad.to(v.dtype)) > 0
-    return torch.where(touches, p @ v, clean)
+    return guarded_pv(p, v, seen)
 
 
 def forward(
