@@ -517,3 +517,37 @@ def test_a_row_whose_only_visible_key_is_not_finite_matches_the_spec(bad, grad):
         torch.isinf(out), torch.isinf(want)
     )
     torch.testing.assert_close(out.nan_to_num().double(), want.nan_to_num(), atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("t", [6, 70])  # the fused kernel returns a NaN query row as zeros at 6, NaN at 70
+@pytest.mark.parametrize("layout", ["dense", "causal", "padding", "window"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_query_row_without_autograd_matches_the_spec(bad, layout, t):
+    # Without autograd the query is not scanned before the fused kernel either (its cost exceeds the kernel's
+    # at small T): the fused kernel returns a NaN query row as "sees nothing" (zeros), so the engine must
+    # catch it from the result. Rows 3 and t − 1 hold the bad entry; at 70 rows windows split into calls.
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 3, t, 16, generator=g) for _ in range(3))
+    q[0, 1, 3, 5] = bad
+    q[1, 2, t - 1, 0] = bad
+    kw: dict = {}
+    mask = None
+    if layout == "causal":
+        kw["is_causal"] = True
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+    elif layout == "padding":
+        mask = torch.ones(2, 1, 1, t, dtype=torch.bool)
+        mask[1, ..., t - 2 :] = False
+        kw["attn_mask"] = mask
+    elif layout == "window":
+        kw.update(window=9, block_q=16, block_k=16)
+        i = torch.arange(t)
+        mask = (i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 9)
+    with torch.no_grad():
+        out = tiled_attention(q, k, v, **kw)
+    want = sa.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    assert bool(torch.isnan(want).any()) or bool(torch.isinf(want).any()) or bad == -math.inf
+    assert torch.equal(torch.isnan(out), torch.isnan(want)) and torch.equal(
+        torch.isinf(out), torch.isinf(want)
+    )
+    torch.testing.assert_close(out.nan_to_num().double(), want.nan_to_num(), atol=2e-5, rtol=2e-5)

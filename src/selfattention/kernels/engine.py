@@ -69,18 +69,19 @@ def choose_kernel(
     """(kernel name, why). ``kernel=None`` picks the vendor kernel whenever it can serve the problem;
     ``"vendor"`` raises ``ValueError`` with the reason when it cannot; ``"exact"`` is always possible.
 
-    ``defer_kv`` (only with ``kernel=None``, for calls without autograd): keys and values are not scanned
-    for NaN/inf here — an O(Tk) pass per decode step — because a fused result that touched one is never
-    finite (NaN · 0 = NaN, +inf scores give NaN); :func:`attention` checks the output and recomputes
-    on the exact kernel if it is not finite. The query is always scanned: the fused kernel turns a NaN
-    query row into zeros."""
+    ``defer_kv`` (only with ``kernel=None``, for calls without autograd): query, keys and values are not
+    scanned for NaN/inf here — an O(T) pass per call, which costs more than the kernel at small T and per
+    decode step — because a fused result that touched one is either not finite (NaN · 0 = NaN, +inf scores
+    give NaN) or a row that comes back as "sees nothing" although it may see keys (the fused kernel drops
+    NaN scores: a NaN query row); the engine checks every call's result for both and recomputes on the
+    exact kernel."""
     if kernel is not None and kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {KERNELS} or None, got {kernel!r}")
     if kernel == "exact":
         return "exact", "asked for"
     why = None
     mask = vis.attn_mask
-    if not (_finite(query) and (defer_kv and kernel is None or (_finite(key) and _finite(value)))):
+    if not (defer_kv and kernel is None or (_finite(query) and _finite(key) and _finite(value))):
         why = NON_FINITE
     elif mask is not None and mask.is_floating_point() and bool((mask == math.inf).any()):
         why = "the float mask holds +inf"
@@ -232,12 +233,17 @@ def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
         o, l = vendor.forward(qv, kv, vv, bias, call.causal, prob.scale)
         seen = None if bias is None else _row_seen(bias, call.causal)
         if prob.verify:
-            # The fused kernel drops a NaN score like a hidden one: a row whose visible keys are all NaN
-            # comes back as "sees nothing" (out 0, lse 0 or −inf), finite. A row that may see keys and
-            # looks like that is checked on the exact kernel (rare: also an all-zero row of real data).
-            # One reduction first (per-call cost matters at small T): no |lse| that is 0, inf or NaN, no such row.
+            # Nothing was scanned for NaN/inf (see choose_kernel). A result that touched one is either not
+            # finite (NaN · 0, +inf scores) or, as the fused kernel drops a NaN score like a hidden one, a
+            # row that comes back as "sees nothing" (out 0, lse 0 or −inf) although it may see keys (a
+            # NaN query row, or every visible key NaN). Either goes to the exact kernel (rare: also an
+            # all-zero row of real data). One synchronisation for the common case (per-call cost matters
+            # at small T): the output's sum is finite and no |lse| is 0, inf or NaN.
             lo, hi = torch.aminmax(l.abs())
-            if not (bool(lo > 0) and bool(hi < math.inf)):
+            low, high, total = torch.stack([lo, hi, o.sum().to(lo.dtype)]).tolist()
+            if not math.isfinite(total):
+                raise _NotFinite
+            if not (low > 0 and high < math.inf):
                 empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
                 if seen is not None:
                     empty = empty & seen
@@ -378,13 +384,10 @@ def _checked_forward(q, k, v, prob: Problem) -> tuple[torch.Tensor, torch.Tensor
     """:func:`forward` in the compute dtype, with the deferred NaN/inf check of ``prob.verify``; returns the
     problem that produced the result (the exact kernel's when the fused result had to be recomputed)."""
     c = prob.compute
-    try:
+    try:  # with prob.verify, _kernel_forward checks every call's result and raises _NotFinite
         out, lse = forward(_dense_rows(q.to(c)), _dense_rows(k.to(c)), _dense_rows(v.to(c)), prob)
-        redo = prob.verify and not _finite(out)
     except _NotFinite:
-        redo = True
-    if redo:
-        # keys/values held NaN/inf (see choose_kernel): recompute on the exact kernel
+        # the inputs held NaN/inf (see choose_kernel): recompute on the exact kernel
         c = torch.promote_types(q.dtype, torch.float32)
         prob = replace(prob, kernel="exact", reason=NON_FINITE, compute=c, verify=False)
         out, lse = forward(q.to(c).contiguous(), k.to(c).contiguous(), v.to(c).contiguous(), prob)
