@@ -551,3 +551,33 @@ def test_nan_value_hidden_by_float_mask_inside_causal_block_does_not_leak(head_d
     out = tiled_attention(q, k, v, attn_mask=mask, is_causal=True, block_q=block_q)
     assert torch.isnan(out[0, 0, 0]).all()  # query 0 sees only the NaN value
     assert torch.equal(out[0, 0, 1], v[0, 0, 1])  # query 1 sees key 1 alone
+
+
+def test_plain_calls_reuse_their_plan_and_stay_exact():
+    # The validation and plan of a plain call (4-D, no mask, no autograd) are cached by shapes, dtypes,
+    # devices and options; each later call still runs on its own values, NaN checks included.
+    from selfattention import tiled as tiled_mod
+
+    tiled_mod._PLANS.clear()
+    g = torch.Generator().manual_seed(0)
+    for round_ in range(2):
+        for causal in (False, True):
+            for scale in (None, 0.3):
+                q, k, v = (torch.randn(2, 3, 37, 8, generator=g) for _ in range(3))
+                if round_ == 1 and causal:
+                    v[1, 2, 30, 4] = float("nan")  # a cached signature must not skip the NaN semantics
+                with torch.no_grad():
+                    out = tiled_attention(q, k, v, is_causal=causal, scale=scale)
+                want = sa.scaled_dot_product_attention(
+                    q.double(), k.double(), v.double(), is_causal=causal, scale=scale
+                )
+                assert torch.equal(torch.isnan(out), torch.isnan(want))
+                torch.testing.assert_close(out.nan_to_num().double(), want.nan_to_num(), atol=2e-6, rtol=2e-6)
+    assert len(tiled_mod._PLANS) == 4  # one per (causal, scale); the second round reused them
+    # a cached signature with autograd takes the checked path and has gradients
+    q = torch.randn(2, 3, 37, 8, generator=g, requires_grad=True)
+    tiled_attention(q, k.nan_to_num(), v.nan_to_num(), is_causal=True).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+    # bad input on a cached signature still gets its error
+    with pytest.raises(ValueError, match="scale"):
+        tiled_attention(q.detach(), k, v, scale=float("nan"))

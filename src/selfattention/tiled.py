@@ -284,6 +284,14 @@ def tiled_attention(
     tensor([[1.3395, 0.6605],
             [0.6605, 1.3395]])
     """
+    plain = None
+    if attn_mask is None and document_ids is None and kernel is None and dropout_seed is None:
+        plain = _plain_key(
+            query, key, value, dropout_p, is_causal, scale, enable_gqa, window, block_q, block_k
+        )
+        prob = _PLANS.get(plain) if plain is not None else None
+        if prob is not None:  # the same shapes, dtypes, devices and options as a call planned before
+            return engine.attention(query, key, value, prob, None)[0]
     c, dropout_p = _canonical(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
     )
@@ -298,8 +306,53 @@ def tiled_attention(
         c.q, c.k, c.v, c.vis, c.scale, dropout_p=dropout_p, dropout_seed=dropout_seed,
         mask_grad=c.mask is not None, kernel=kernel, block_q=bq, block_k=bk, defer_kv=_no_autograd(c),
     )  # fmt: skip
+    if plain is not None and prob.dropout is None and c.mask is None and _as_given(c, query, key, value):
+        if len(_PLANS) >= _PLANS_MAX:
+            del _PLANS[next(iter(_PLANS))]  # the oldest
+        _PLANS[plain] = prob
     out, _ = engine.attention(c.q, c.k, c.v, prob, c.mask)
     return _shape_out(c, out, (tq, dv))
+
+
+#: Problems of plain calls, by :func:`_plain_key` (a model runs the same shapes in every layer and forward:
+#: validation and planning then cost nothing; at T = 256 they cost as much as a third of the kernel)
+_PLANS: dict[tuple, engine.Problem] = {}
+_PLANS_MAX = 64
+
+
+def _as_given(c: _Canon, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """The canonical inputs are the caller's tensors as given (views of the same memory, same shapes and
+    strides), and the result needs no reshaping: then the cached path may hand them to the engine as they are."""
+    return tuple(c.batch) == tuple(query.shape[:-2]) and all(
+        a.shape == b.shape
+        and a.data_ptr() == b.data_ptr()
+        and all(n == 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride(), strict=True))
+        for a, b in ((c.q, query), (c.k, key), (c.v, value))
+    )
+
+
+def _plain_key(query, key, value, dropout_p, is_causal, scale, enable_gqa, window, block_q, block_k):
+    """What a plain call's validation and plan depend on, or None if the call is not plain: plain tensors of
+    4 dims and one batch size, none empty, no dropout, no autograd (so nothing is scanned before the
+    kernel), and options of the right types (anything else takes the checked path, which explains it)."""
+    if not (type(query) is type(key) is type(value) is torch.Tensor):
+        return None
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or 0 in query.shape or 0 in key.shape:
+        return None
+    if query.shape[0] != key.shape[0] or value.shape[-1] == 0:
+        return None
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return None
+    if type(dropout_p) not in (float, int) or dropout_p != 0 or type(is_causal) is not bool:
+        return None
+    if type(enable_gqa) is not bool or not all(
+        x is None or type(x) in (int, float) for x in (scale, window, block_q, block_k)
+    ):
+        return None
+    return (
+        query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device, key.device,
+        value.device, is_causal, scale, enable_gqa, window, block_q, block_k,
+    )  # fmt: skip
 
 
 def tiled_attention_with_stats(

@@ -155,7 +155,10 @@ def _call_views(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     grouped heads, so that each view has as many query as key/value heads. Nothing is copied."""
     r0, r1 = call.r0, call.r1
     if call.count == 1:
-        yield q[:, :, r0:r1], k[:, :, call.c0 : call.c1], v[:, :, call.c0 : call.c1], slice(None)
+        if (r0, r1, call.c0, call.c1) == (0, q.shape[2], 0, k.shape[2]):  # the whole problem: no slicing
+            yield q, k, v, slice(None)
+        else:
+            yield q[:, :, r0:r1], k[:, :, call.c0 : call.c1], v[:, :, call.c0 : call.c1], slice(None)
         return
     h, hkv = q.shape[1], k.shape[1]
     g = h // hkv
@@ -238,12 +241,13 @@ def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
             # row that comes back as "sees nothing" (out 0, lse 0 or −inf) although it may see keys (a
             # NaN query row, or every visible key NaN). Either goes to the exact kernel (rare: also an
             # all-zero row of real data). One synchronisation for the common case (per-call cost matters
-            # at small T): the output's sum is finite and no |lse| is 0, inf or NaN.
-            lo, hi = torch.aminmax(l.abs())
+            # at small T): the output's sum is finite, and the lse are finite and all of one sign (so none
+            # is 0; with real data lse ≥ the row's largest score + log of its count of keys, mostly > 0).
+            lo, hi = torch.aminmax(l)
             low, high, total = torch.stack([lo, hi, o.sum().to(lo.dtype)]).tolist()
             if not math.isfinite(total):
                 raise _NotFinite
-            if not (low > 0 and high < math.inf):
+            if not (math.isfinite(low) and math.isfinite(high) and (low > 0 or high < 0)):
                 empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
                 if seen is not None:
                     empty = empty & seen
@@ -385,7 +389,7 @@ def _checked_forward(q, k, v, prob: Problem) -> tuple[torch.Tensor, torch.Tensor
     problem that produced the result (the exact kernel's when the fused result had to be recomputed)."""
     c = prob.compute
     try:  # with prob.verify, _kernel_forward checks every call's result and raises _NotFinite
-        out, lse = forward(_dense_rows(q.to(c)), _dense_rows(k.to(c)), _dense_rows(v.to(c)), prob)
+        out, lse = forward(*(_dense_rows(t if t.dtype == c else t.to(c)) for t in (q, k, v)), prob)
     except _NotFinite:
         # the inputs held NaN/inf (see choose_kernel): recompute on the exact kernel
         c = torch.promote_types(q.dtype, torch.float32)
@@ -456,5 +460,5 @@ def attention(
         torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, mask))
     ):
         out, lse, _ = _checked_forward(query, key, value, prob)  # no graph to record: no autograd.Function
-        return out.to(query.dtype), lse
+        return (out if out.dtype == query.dtype else out.to(query.dtype)), lse
     return _Attention.apply(query, key, value, mask, prob)

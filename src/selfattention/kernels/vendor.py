@@ -142,7 +142,7 @@ def forward(
         out, lse = _cpu_op()(q, k, v, 0.0, causal, attn_mask=bias, scale=scale)
     else:
         out, lse = _cuda_forward(q, k, v, bias, causal, scale)
-    return out[..., :dv], lse
+    return (out if width == dv else out[..., :dv]), lse
 
 
 def backward(
