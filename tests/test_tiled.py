@@ -578,6 +578,11 @@ def test_plain_calls_reuse_their_plan_and_stay_exact():
     q = torch.randn(2, 3, 37, 8, generator=g, requires_grad=True)
     tiled_attention(q, k.nan_to_num(), v.nan_to_num(), is_causal=True).sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
-    # bad input on a cached signature still gets its error
+    # bad input on a cached signature still gets its error (2.0 == 2 in a dict key: floats are checked)
     with pytest.raises(ValueError, match="scale"):
         tiled_attention(q.detach(), k, v, scale=float("nan"))
+    with torch.no_grad():
+        tiled_attention(q, k, v, window=2, block_q=4)
+        for bad in ({"window": 2.0, "block_q": 4}, {"window": 2, "block_q": 4.0}):
+            with pytest.raises(TypeError, match="must be a positive int, got float"):
+                tiled_attention(q, k, v, **bad)

@@ -376,3 +376,12 @@ def test_check_state_dict_works_for_the_attention_modules_too():
     del sd["W_value.weight"]
     with pytest.raises(ValueError, match=r"W_value\.weight.*|W_key\.weight.*\(3, 5\)"):
         dec.check_state_dict(layer, sd, source="layer.safetensors")
+
+
+@pytest.mark.parametrize("backend", available_backends())
+def test_sparse_inputs_get_a_clear_error_naming_the_layout(backend):
+    q = torch.randn(2, 4, 8)
+    with pytest.raises(
+        TypeError, match=r"key must be a dense \(strided\) tensor, got layout torch\.sparse_coo"
+    ):
+        sa.scaled_dot_product_attention(q, q.to_sparse(), q, backend=backend)

@@ -61,6 +61,8 @@ def _check_tensor(name: str, t: object) -> torch.Tensor:
         raise TypeError(
             f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64), got dtype {t.dtype}"
         )
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; use .to_dense()")
     return t
 
 

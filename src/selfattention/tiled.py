@@ -26,6 +26,7 @@ sums), from one more sweep over the same plan.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -307,9 +308,10 @@ def tiled_attention(
         mask_grad=c.mask is not None, kernel=kernel, block_q=bq, block_k=bk, defer_kv=_no_autograd(c),
     )  # fmt: skip
     if plain is not None and prob.dropout is None and c.mask is None and _as_given(c, query, key, value):
-        if len(_PLANS) >= _PLANS_MAX:
-            del _PLANS[next(iter(_PLANS))]  # the oldest
-        _PLANS[plain] = prob
+        with _PLANS_LOCK:  # lookups need no lock; two threads must not evict the same entry
+            if len(_PLANS) >= _PLANS_MAX:
+                del _PLANS[next(iter(_PLANS))]  # the oldest
+            _PLANS[plain] = prob
     out, _ = engine.attention(c.q, c.k, c.v, prob, c.mask)
     return _shape_out(c, out, (tq, dv))
 
@@ -318,6 +320,7 @@ def tiled_attention(
 #: validation and planning then cost nothing; at T = 256 they cost as much as a third of the kernel)
 _PLANS: dict[tuple, engine.Problem] = {}
 _PLANS_MAX = 64
+_PLANS_LOCK = threading.Lock()
 
 
 def _as_given(c: _Canon, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
@@ -345,9 +348,9 @@ def _plain_key(query, key, value, dropout_p, is_causal, scale, enable_gqa, windo
         return None
     if type(dropout_p) not in (float, int) or dropout_p != 0 or type(is_causal) is not bool:
         return None
-    if type(enable_gqa) is not bool or not all(
-        x is None or type(x) in (int, float) for x in (scale, window, block_q, block_k)
-    ):
+    if type(enable_gqa) is not bool or not (scale is None or type(scale) in (int, float)):
+        return None
+    if not all(x is None or type(x) is int for x in (window, block_q, block_k)):  # 2.0 == 2: check them
         return None
     return (
         query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device, key.device,
