@@ -48,7 +48,7 @@ class Problem:
     mask_grad: bool = False
     exact_block_q: int = 256
     exact_block_k: int = 1024
-    # keys/values were not scanned (no autograd): a call that met NaN/inf is redone on the exact kernel
+    # the inputs were not scanned (no autograd): a call that met NaN/inf is redone on the exact kernel
     verify: bool = False
 
 
