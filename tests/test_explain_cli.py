@@ -49,8 +49,8 @@ def test_explain_default_sentence_prints_table_top_k_and_match(capsys, default_r
     assert code == 0, err
     assert "layer 3, head 1" in out and "MATCH" in out and "MISMATCH" not in out
     assert "token [position] weight" in out  # brackets in titles are not eaten as markup
-    assert _reported(out, "attention weights") <= explain_cmd.TOLERANCE
-    assert _reported(out, "last hidden state") <= explain_cmd.TOLERANCE
+    assert _reported(out, "attention weights") <= pretrained.MATCH_TOLERANCE
+    assert _reported(out, "last hidden state") <= pretrained.MATCH_TOLERANCE
     # the row of 'it' (position 10) in the weight table holds the model's real weights, 2 decimals
     w = default_run.weights(explain_cmd.DEFAULT_LAYER, explain_cmd.DEFAULT_HEAD)
     it = default_run.tokens.index("it")

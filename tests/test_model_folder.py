@@ -17,8 +17,8 @@ pytest.importorskip("transformers")
 
 from selfattention import pretrained  # noqa: E402
 from selfattention.cli import main  # noqa: E402
-from selfattention.commands.explain import TOLERANCE  # noqa: E402
 from selfattention.focus import strongest_link  # noqa: E402
+from selfattention.pretrained import MATCH_TOLERANCE as TOLERANCE  # noqa: E402
 from selfattention.report import decode_array, model_report  # noqa: E402
 from tests.tiny_models import save_checkpoint  # noqa: E402
 
@@ -57,7 +57,7 @@ def test_run_text_on_a_folder_matches_its_eager_attention(folders, name):
     run = pretrained.run_text(TEXT, model=folders[name])
     assert run.tokens == tokens and run.model_name == name
     assert run.attentions.shape == eager.shape == (2, 4, len(tokens), len(tokens))
-    assert (run.attentions - eager).abs().max() <= TOLERANCE  # two float32 passes (explain.TOLERANCE)
+    assert (run.attentions - eager).abs().max() <= TOLERANCE  # two float32 passes (MATCH_TOLERANCE)
     assert (run.hidden_states[-1] - out.last_hidden_state).abs().max() <= TOLERANCE
     assert run.max_abs_diff_weights <= TOLERANCE and run.max_abs_diff_hidden <= TOLERANCE
     if name == "llama":  # a decoder: nothing above the diagonal

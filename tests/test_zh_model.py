@@ -16,8 +16,8 @@ import torch
 
 from selfattention import pretrained
 from selfattention.cli import main
-from selfattention.commands.explain import TOLERANCE
 from selfattention.lessons import FAILS, HOLDS, ONLY_WHEN, _polysemy_zh, polysemy
+from selfattention.pretrained import MATCH_TOLERANCE as TOLERANCE
 
 
 def _m3e_folder():
@@ -92,7 +92,7 @@ def test_m3e_on_our_attention_matches_its_own_eager_attention(eager_m3e):
     with torch.no_grad():
         ref = model(**enc, output_attentions=True, output_hidden_states=True)
     eager = torch.stack([a[0] for a in ref.attentions])
-    assert (run.attentions - eager).abs().max() < TOLERANCE  # two float32 passes (explain.TOLERANCE)
+    assert (run.attentions - eager).abs().max() < TOLERANCE  # two float32 passes (MATCH_TOLERANCE)
     assert (run.hidden_states[-1] - ref.last_hidden_state).abs().max() < TOLERANCE
     assert run.max_abs_diff_weights < TOLERANCE and run.max_abs_diff_hidden < TOLERANCE
     assert "embedding" not in sys.modules

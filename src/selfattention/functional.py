@@ -115,9 +115,9 @@ def guarded_pv(p: torch.Tensor, v: torch.Tensor, seen: torch.Tensor) -> torch.Te
     visibility (mask, causal, window …), not by its weights. A row's entry in a column that holds
     non-finite values is what IEEE gives for the keys that row *sees* alone: NaN if one is NaN, if +inf
     meets −inf, or if one is ±inf under a weight of exactly 0 or NaN (0 · inf, NaN · inf); else ±inf
-    (plus the finite rest, inf + NaN = NaN). Hidden keys contribute nothing, not even 0 · NaN (a plain ``p @ v`` would make a
-    visible +inf next to a hidden NaN NaN). Gradients flow through the finite part only. Shared by the spec
-    and the exact block kernel (:mod:`selfattention.kernels.exact`).
+    (plus the finite rest, inf + NaN = NaN). Hidden keys contribute nothing, not even 0 · NaN (a plain
+    ``p @ v`` would turn a visible +inf next to a hidden NaN into NaN). Gradients flow through the finite
+    part only. Shared by the spec and the exact block kernel (:mod:`selfattention.kernels.exact`).
     """
     if all_finite(v):
         return p @ v

@@ -25,8 +25,6 @@ from ._notes import save_png, unknown_tokens_note
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
 DEFAULT_LAYER = 3
 DEFAULT_HEAD = 1
-TOLERANCE = MATCH_TOLERANCE
-"""Max |ours − eager| allowed, for the weights and the last hidden state (see MATCH_TOLERANCE)."""
 MAX_ROWS = 40
 """At most this many query rows in the tables (the heatmap from --out always has every token)."""
 
@@ -52,7 +50,12 @@ _HELP = N_(
     "table has 512) get a printed note."
 )
 #: the values of the help's placeholders (filled in after translation: see ``cli._tidy_help``)
-_HELP_VALUES = {"tolerance": TOLERANCE, "text": DEFAULT_TEXT, "layer": DEFAULT_LAYER, "head": DEFAULT_HEAD}
+_HELP_VALUES = {
+    "tolerance": MATCH_TOLERANCE,
+    "text": DEFAULT_TEXT,
+    "layer": DEFAULT_LAYER,
+    "head": DEFAULT_HEAD,
+}
 
 
 def _fmt_tokens(tokens: list[str]) -> list[str]:
@@ -318,14 +321,14 @@ def explain(
     console.print(top_table(run, layer, head, k, n_rows))
 
     dw, dh = run.max_abs_diff_weights, run.max_abs_diff_hidden
-    ok = dh is not None and dh <= TOLERANCE and (dw is None or dw <= TOLERANCE)
+    ok = dh is not None and dh <= MATCH_TOLERANCE and (dw is None or dw <= MATCH_TOLERANCE)
     if ok:
         within = (
             _("both ≤ {tolerance:g} (float32)") if dw is not None else _("≤ {tolerance:g} (float32)")
-        ).format(tolerance=TOLERANCE)
+        ).format(tolerance=MATCH_TOLERANCE)
         verdict = "[bold green]{}[/bold green]: {}".format(_("MATCH"), escape(within))
     else:
-        larger = _("larger than {tolerance:g} (float32)").format(tolerance=TOLERANCE)
+        larger = _("larger than {tolerance:g} (float32)").format(tolerance=MATCH_TOLERANCE)
         verdict = "[bold red]{}[/bold red]: {}".format(_("MISMATCH"), escape(larger))
     hidden = run.hidden_states[-1].shape[-1]
     weights_line = (

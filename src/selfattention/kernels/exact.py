@@ -116,9 +116,7 @@ def _guarded_pv(p: torch.Tensor, v: torch.Tensor, seen: torch.Tensor | None) -> 
     """p @ v where a non-finite value reaches only the rows that can see its key (``seen``: bool of the
     tile's visible entries by the visibility, not by the scores; None when the values are finite): the
     spec's :func:`selfattention.functional.guarded_pv`, tile by tile."""
-    if seen is None or _finite(v):
-        return p @ v
-    return guarded_pv(p, v, seen)
+    return p @ v if seen is None else guarded_pv(p, v, seen)  # guarded_pv checks v's finiteness itself
 
 
 def forward(
