@@ -34,12 +34,13 @@ import inspect
 import math
 import weakref
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch.nn.attention.flex_attention import AuxOutput, AuxRequest, BlockMask
 
 from .kernels import engine, scored
+from .kernels.plan import row_spans
 from .mods import ScoreMod, and_masks, noop_mask, or_masks, visibility_fields
 from .visibility import FULL, PARTIAL, SKIP, Predicate, Visibility, evaluate_mod, index_tiles
 
@@ -54,6 +55,8 @@ __all__ = [
     "AuxRequest",
     "AuxOutput",
     "KERNEL_OPTIONS",
+    "FlexPlan",
+    "describe",
 ]
 
 _LARGE = 1 << 30  # torch's block size of "no block mask"
@@ -416,6 +419,35 @@ def flex_attention(
     if return_aux is not None:
         return out, AuxOutput(lse=lse if return_aux.lse else None, max_scores=mx if want_max else None)
     return (out, lse) if return_lse else out
+
+
+@dataclass(frozen=True)
+class FlexPlan:
+    """How :func:`flex_attention` computes a call: ``path`` ("engine": the block engine, the score_mod (if
+    any) as a bias tile of its kernel; "scored": the score-mod kernel), the engine's kernel, the plan's
+    strategy and its number of kernel calls (for "scored": row blocks)."""
+
+    path: str
+    kernel: str
+    strategy: str
+    calls: int
+
+
+def describe(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False) -> FlexPlan:
+    """What :func:`flex_attention` would do with these arguments, without computing."""
+    _check_qkv(query, key, value, enable_gqa)
+    b, h, tq, e = query.shape
+    vis, (bq, bk) = _visibility(block_mask, b, h, tq, key.shape[2], query.device)
+    if score_mod is not None:
+        bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
+        if bias is None:
+            return FlexPlan("scored", "exact", "row spans", len(row_spans(vis, bq, min(bk, 512))))
+        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h)
+        vis = replace(vis, mod=replace(pred, score_bias=bias))
+    s = 1.0 / math.sqrt(e) if scale is None else float(scale)
+    prob = engine.make_problem(query, key.expand(b, *key.shape[1:]), value.expand(b, *value.shape[1:]), vis, s,
+                               block_q=bq, block_k=bk)  # fmt: skip
+    return FlexPlan("engine", prob.kernel, prob.plan.strategy, len(prob.plan.calls))
 
 
 def _run(query, key, value, vis, scale, score_mod, bq, bk, want_max):

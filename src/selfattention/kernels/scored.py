@@ -35,7 +35,16 @@ def _block(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int,
     b, h, rows, _ = q.shape
     hkv, cols = k.shape[1], k.shape[2]
     g = h // hkv
+    q, bad_q = _clean(q)  # NaN/inf rows enter the scores as NaN, never the products of the backward
+    k, bad_k = _clean(k)
     s = (q.unflatten(1, (hkv, g)) @ k[:, :, None].transpose(-1, -2)).flatten(1, 2) * scale  # (B, H, R, C)
+    if bad_q is not None or bad_k is not None:
+        bad = torch.zeros((), dtype=torch.bool, device=s.device)
+        if bad_q is not None:
+            bad = bad | bad_q[..., :, None]
+        if bad_k is not None:
+            bad = bad | bad_k.repeat_interleave(g, 1)[..., None, :]
+        s = s + torch.where(bad, math.nan, 0.0).to(s.dtype)
     tile = vis.tile(i0, i0 + rows, c0, c0 + cols, s.dtype, s.device)
     hidden = None if tile is None else tile == -math.inf
     if hidden is not None:  # the mod sees 0 where hidden: a NaN there has no gradient path back
@@ -64,6 +73,13 @@ def _block(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int,
         m_ref + torch.log(torch.where(blind, one, total)),
     )
     return out.flatten(1, 2), lse.squeeze(-1), m.squeeze(-1)
+
+
+def _clean(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(t with NaN/inf set to 0, bool (…, T) of the rows that held one) — or (t, None) when finite."""
+    if all_finite(t):
+        return t, None
+    return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0), ~torch.isfinite(t).all(dim=-1)
 
 
 def attention(
