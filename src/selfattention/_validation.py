@@ -10,10 +10,15 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from dataclasses import dataclass
 
 import torch
 
+from .visibility import Visibility, as_visibility
+
 __all__ = [
+    "AttentionArgs",
+    "parse_attention",
     "check_qkv",
     "check_mask",
     "resolve_scale",
@@ -230,3 +235,61 @@ def check_positive_int(name: str, value: object) -> int:
     if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value}")
     return value
+
+
+@dataclass(frozen=True)
+class AttentionArgs:
+    """The arguments of one attention call, validated: what every entry point computes from.
+
+    Attributes:
+        batch: the output's batch dims, heads included (``(..., H)``).
+        q_len, k_len: Tq and Tk.
+        vis: the visibility of ``attn_mask`` and ``is_causal`` together (its ``attn_mask`` is the checked
+            tensor mask, or None).
+        dropout_p: the dropout probability in force (0.0 when not ``training``).
+        scale: the factor on Q Kᵀ (1/√D when ``None`` was given).
+        enable_gqa: grouped-query heads allowed.
+    """
+
+    batch: tuple[int, ...]
+    q_len: int
+    k_len: int
+    vis: Visibility
+    dropout_p: float
+    scale: float
+    enable_gqa: bool
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to compute: no query, no key, or a batch dim of 0 (zeros of the output's shape)."""
+        return self.q_len == 0 or self.k_len == 0 or 0 in self.batch
+
+
+def parse_attention(
+    query: object,
+    key: object,
+    value: object,
+    attn_mask: object = None,
+    dropout_p: object = 0.0,
+    is_causal: object = False,
+    scale: object = None,
+    *,
+    enable_gqa: object = False,
+    training: object = True,
+) -> AttentionArgs:
+    """Validate the arguments of ``scaled_dot_product_attention`` (torch SDPA's signature plus
+    ``training``) once, in one order, for every entry point (the spec, the backends, the tiled engine,
+    the ring): tensors (:func:`check_qkv`), ``is_causal``/``training`` (real bools), ``attn_mask`` (a
+    tensor or a :class:`~selfattention.visibility.Visibility`: :func:`check_mask`), ``dropout_p``
+    (checked even when not training: a bad value is a bug either way), ``scale`` (:func:`resolve_scale`).
+
+    Raises ``TypeError``/``ValueError`` naming the argument, as the functions above.
+    """
+    batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)  # type: ignore[arg-type]
+    check_bool("is_causal", is_causal)
+    check_bool("training", training)
+    vis = as_visibility(attn_mask, is_causal, q_len, k_len)  # type: ignore[arg-type]
+    check_mask(vis.attn_mask, batch, q_len, k_len, query.device)  # type: ignore[union-attr]
+    p = check_dropout(dropout_p)  # type: ignore[arg-type]
+    scale = resolve_scale(scale, query.shape[-1])  # type: ignore[union-attr, arg-type]
+    return AttentionArgs(tuple(batch), q_len, k_len, vis, p if training else 0.0, scale, bool(enable_gqa))
