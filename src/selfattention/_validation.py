@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -26,11 +29,47 @@ __all__ = [
     "check_positive_int",
     "check_bool",
     "FloatMaskWarning",
+    "symbolic",
+    "batched",
+    "direct",
 ]
 
 
 class FloatMaskWarning(UserWarning):
     """A float ``attn_mask`` made only of 0s and 1s: probably meant as a keep-mask (use bool)."""
+
+
+_direct = threading.local()
+
+
+def symbolic() -> bool:
+    """True while a transform records or traces the call: ``torch.compile``/``torch.export``, ``torch.jit.trace``
+    or a ``torch.func`` transform (vmap, grad, jacrev …). Data-dependent decisions (``bool(tensor)``) are
+    impossible there; the entry points then call the registered custom ops of :mod:`selfattention.ops`,
+    whose real implementations run eagerly (inside them this is False again: :func:`direct`)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():  # (first: not a threading.local)
+        return True
+    if getattr(_direct, "depth", 0):
+        return False
+    if torch.jit.is_tracing():
+        return True
+    return bool(torch._C._are_functorch_transforms_active())
+
+
+def batched(t: torch.Tensor) -> bool:
+    """``t`` is a vmap-batched tensor (torch.func's, or the one of ``autograd.grad(is_grads_batched=True)``)."""
+    f = torch._C._functorch
+    return bool(f.is_batchedtensor(t) or f.is_legacy_batchedtensor(t))
+
+
+@contextmanager
+def direct() -> Iterator[None]:
+    """Inside this block :func:`symbolic` is False: a custom op's real implementation, on real tensors."""
+    _direct.depth = getattr(_direct, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _direct.depth -= 1
 
 
 def all_finite(t: torch.Tensor | None) -> bool:
@@ -44,7 +83,7 @@ def all_finite(t: torch.Tensor | None) -> bool:
 def broadcast_shapes(*shapes: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
     """``torch.broadcast_shapes`` in plain Python (a tenth of its cost on the per-call path); raises
     ``RuntimeError`` like it when the shapes do not broadcast."""
-    n = max((len(s) for s in shapes), default=0)
+    n = max([0, *(len(s) for s in shapes)])  # (no max(default=): torch.compile traces this)
     out = [1] * n
     for shape in shapes:
         for i, size in enumerate(shape, start=n - len(shape)):
@@ -148,7 +187,11 @@ def check_qkv(
         ) from None
     if enable_gqa and query.dim() >= 3:
         batch = torch.Size((*batch, query.shape[-3]))
-    return batch, query.shape[-2], key.shape[-2]
+    # plain ints: torch.jit.trace hands sizes over as 0-dim tensors (the trace is then for these lengths)
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    if isinstance(q_len, torch.Tensor) or isinstance(k_len, torch.Tensor):
+        q_len, k_len = int(q_len), int(k_len)
+    return batch, q_len, k_len
 
 
 def check_mask(

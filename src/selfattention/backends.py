@@ -25,7 +25,8 @@ from dataclasses import replace
 import torch
 
 from . import functional as F
-from ._validation import all_finite, parse_attention
+from . import ops
+from ._validation import all_finite, parse_attention, symbolic
 from .kernels import vendor
 from .tiled import tiled_attention
 from .visibility import Visibility
@@ -96,6 +97,11 @@ def scaled_dot_product_attention(
             [0.6605, 1.3395]])
     """
     fn = _reference if backend is None else get_backend(backend)
+    if symbolic():  # torch.compile / export / vmap / jit.trace: one registered op (selfattention.ops)
+        return ops.attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
+            training=training, backend="reference" if backend is None else backend,
+        )  # fmt: skip
     return fn(
         query,
         key,
@@ -204,6 +210,11 @@ def torch_sdpa(
     bfloat16 is 2–3× further from float64 than naive bfloat16 math), and ``create_graph=True`` (double
     backward) works through the spec. Shapes and errors as in the reference.
     """
+    if symbolic():
+        return ops.attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
+            training=training, backend="torch",
+        )  # fmt: skip
     args = parse_attention(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
     )

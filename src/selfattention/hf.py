@@ -369,7 +369,7 @@ def attention_forward(
 
     enable_gqa = key.shape[-3] != query.shape[-3]
     training = bool(getattr(module, "training", False))
-    calls = _calls.get()
+    calls = None if torch.compiler.is_compiling() else _calls.get()  # (recording(): not in compiled graphs)
     if calls is not None:
         calls.append(AttentionCall(query, key, value, mask, causal, scale, enable_gqa, k_len))
     weights = None

@@ -25,7 +25,7 @@ from torch import nn
 
 from . import _hooks
 from . import functional as F
-from ._validation import check_bool, check_dropout, check_positive_int
+from ._validation import check_bool, check_dropout, check_positive_int, symbolic
 from .backends import scaled_dot_product_attention
 from .kv_cache import KVCache
 from .visibility import Visibility
@@ -367,7 +367,10 @@ class MultiHeadAttention(nn.Module):
 
         dropout_p = self.dropout if self.training else 0.0
         weights = None
-        if need_weights or _hooks.capturing() or self.backend in (None, "reference"):
+        # under torch.compile/export/vmap/trace the reference path, too, is one registered op (the backends'
+        # entry point takes it there); weights and traces need the named steps themselves
+        reference = self.backend in (None, "reference") and not symbolic()
+        if need_weights or _hooks.capturing() or reference:
             with _hooks.inputs(query):
                 steps = F.attention_steps(
                     q, k, v, mask, dropout_p, causal, enable_gqa=True, training=self.training
@@ -385,7 +388,7 @@ class MultiHeadAttention(nn.Module):
                 is_causal=causal,
                 enable_gqa=True,
                 training=self.training,
-                backend=self.backend,
+                backend=self.backend or "reference",
             )
         out = self.out_proj(context.transpose(1, 2).reshape(batch, q_len, self.embed_dim))  # (B, Tq, E)
         if unbatched:

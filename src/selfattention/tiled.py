@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validation import broadcast_shapes, check_bool, check_positive_int, parse_attention
+from . import ops
+from ._validation import broadcast_shapes, check_bool, check_positive_int, parse_attention, symbolic
 from .functional import empty_context
 from .kernels import engine
 from .kernels.plan import make_plan
@@ -264,6 +265,19 @@ def tiled_attention(
     tensor([[1.3395, 0.6605],
             [0.6605, 1.3395]])
     """
+    if symbolic():  # torch.compile / export / vmap / jit.trace: one registered op (selfattention.ops)
+        extra = {"window": window, "document_ids": document_ids, "block_q": block_q, "block_k": block_k,
+                 "dropout_seed": dropout_seed, "kernel": kernel}  # fmt: skip
+        given = [name for name, x in extra.items() if x is not None]
+        if given:
+            raise NotImplementedError(
+                f"tiled_attention's {', '.join(given)} under torch.compile/export/vmap/trace: pass a "
+                "Visibility (causal, window, offset) as attn_mask of selfattention.scaled_dot_product_attention"
+            )
+        return ops.attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
+            training=training, backend="tiled",
+        )  # fmt: skip
     c, dropout_p = _canonical(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
     )

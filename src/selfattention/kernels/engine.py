@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .._validation import all_finite as _finite
+from .._validation import batched, symbolic
 from ..visibility import Visibility
 from . import exact, vendor
 from .exact import Dropout
@@ -413,7 +414,9 @@ class _Attention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):  # type: ignore[override]
         q, k, v, mask, out, lse = ctx.saved_tensors
         prob: Problem = ctx.prob
-        if torch.is_grad_enabled():  # create_graph=True: the spec's differentiable math, exact
+        # create_graph=True, or a batched backward (is_grads_batched, torch.func): the spec's differentiable
+        # math, exact (the fused kernels have neither a derivative nor a batching rule)
+        if torch.is_grad_enabled() or symbolic() or batched(dout):
             return (*_spec_grads(ctx, q, k, v, mask, dout), None)
         c = prob.compute
         dq, dk, dv, dmask = backward(

@@ -18,8 +18,8 @@ The kernel is used only with ``is_causal`` on square calls on the diagonal, wher
 causal agree (the engine plans so). Every (device, dtype) — the device with its index: two GPUs are two
 checks — is checked once against float64 math on a small problem (mask, causal, grouped heads, Dv ≠ D)
 before it is trusted; a failure is a reason, not a crash. The check runs no autograd (the float64
-gradients are written out), never inside graph capture, ``torch.compile`` or tracing (the kernel is
-trusted there and checked at the next ordinary call), and a check that *raised* (an out-of-memory, a
+gradients are written out), never inside graph capture, ``torch.compile``, tracing or a ``torch.func``
+transform (the kernel is trusted there and checked at the next ordinary call), and a check that *raised* (an out-of-memory, a
 driver hiccup) is retried after :data:`RETRY_SECONDS`; each failure warns with its reason.
 """
 
@@ -60,8 +60,11 @@ def _device_key(device: torch.device) -> tuple[str, int | None]:
 
 
 def _capturing() -> bool:
-    """Inside torch.compile / export tracing, torch.jit tracing or a CUDA graph capture."""
+    """Inside torch.compile / export tracing, torch.jit tracing, a torch.func transform or a CUDA graph
+    capture."""
     if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True
+    if torch._C._are_functorch_transforms_active():
         return True
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
