@@ -219,3 +219,44 @@ def test_jit_trace(backend):
     q2, k2, v2 = _qkv(seed=5)
     torch.testing.assert_close(traced(q2, k2, v2), f(q2, k2, v2), rtol=1e-6, atol=1e-6)
     assert "selfattention::attention" in str(traced.graph)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_dropout_backward_replays_the_forward_masks(backend):
+    # out = (D ∘ P) V is linear in V: <w, out> = <dV, V> holds only if the backward used the forward's
+    # dropout masks D (a second draw would give another matrix)
+    g = torch.Generator().manual_seed(2)
+    q, k = (
+        torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64),
+        torch.randn(2, 3, 6, 4, generator=g, dtype=torch.float64),
+    )
+    v = torch.randn(2, 3, 6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+
+    def f(q, k, v):
+        return sa.scaled_dot_product_attention(q, k, v, dropout_p=0.5, backend=backend)
+
+    out = torch.compile(f, fullgraph=True, backend="aot_eager")(q, k, v)
+    w = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    (dv,) = torch.autograd.grad(out, v, w)
+    assert abs(float((out * w).sum() - (v * dv).sum())) <= 1e-10
+    eager = f(q, k, v)  # another draw: different masks, so the check above could fail
+    assert not torch.allclose(eager, out)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dynamic_lengths_and_a_window_visibility_compile(backend):
+    from selfattention.visibility import Visibility
+
+    def f(q, k, v):
+        return sa.scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend)
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=True, backend="aot_eager")
+    for t in (5, 9, 13):  # one graph, symbolic lengths
+        q, k, v = _qkv(tq=t, tk=t, hkv=4, seed=t)
+        torch.testing.assert_close(compiled(q, k, v), f(q, k, v), rtol=1e-6, atol=1e-6)
+    q, k, v = _qkv(tq=9, tk=9, hkv=4)
+    vis = Visibility(9, 9, is_causal=True, window=3)
+    want = spec.scaled_dot_product_attention(q.double(), k.double(), v.double(), vis)
+    got = torch.compile(lambda q: sa.scaled_dot_product_attention(q, k, v, vis, backend=backend), fullgraph=True,
+                        backend="aot_eager")(q)  # fmt: skip
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
