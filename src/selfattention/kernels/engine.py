@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .._validation import all_finite as _finite
+from .._validation import batched, symbolic
 from ..visibility import Visibility
 from . import exact, vendor
 from .exact import Dropout
@@ -427,15 +428,16 @@ class _Attention(torch.autograd.Function):
         prob: Problem = ctx.prob
         if dout is None:  # only the log-sum-exp reaches the loss
             dout = out.new_zeros(out.shape)
-        if dlse is not None and not bool(dlse.any()):
-            dlse = None
-        if torch.is_grad_enabled():  # create_graph=True: the spec's differentiable math, exact
-            if dlse is not None:
+        # create_graph=True, or a batched backward (is_grads_batched, torch.func): the spec's differentiable
+        # math, exact (the fused kernels have neither a derivative nor a batching rule)
+        if torch.is_grad_enabled() or symbolic() or batched(dout):
+            if dlse is not None and (batched(dlse) or bool(dlse.any())):
                 raise RuntimeError(
-                    "double backward (create_graph=True) through the log-sum-exp of the block engine is not "
-                    "supported"
+                    "double or batched backward through the log-sum-exp of the block engine is not supported"
                 )
             return (*_spec_grads(ctx, q, k, v, mask, dout), None)
+        if dlse is not None and not bool(dlse.any()):
+            dlse = None
         c = prob.compute
         dq, dk, dv, dmask = backward(
             dout.to(c).contiguous(), q.to(c).contiguous(), k.to(c).contiguous(), v.to(c).contiguous(),
