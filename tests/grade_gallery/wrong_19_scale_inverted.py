@@ -2,7 +2,6 @@
 # expect: scale_inverted
 # seen: esceptico/perceiver-io#9 ("self.scale should be multiplied instead of the divide, since it's
 #       defined as self.scale = self.qk_head_dim ** -0.5")
-import torch
 from torch import nn
 
 

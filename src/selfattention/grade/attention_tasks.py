@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from .. import functional as F
-from ..i18n import N_
+from ..i18n import N_, _
 from .fit import Axis, NotGradable, Probe, Task, first_output, positional_count
 
 __all__ = ["SIMPLE", "SDPA", "MODULE", "DECODE", "attend"]
@@ -265,10 +265,10 @@ def projections(module: torch.nn.Module, d_in: int, d_out: int) -> dict[str, Any
     missing = [r for r in "qkv" if r not in found]
     if missing:
         raise NotGradable(
-            "no projection found for {roles} among {names}: name them W_query, W_key, W_value "
-            "(nn.Linear(d_in, d_out) or (d_in, d_out) parameters)".format(
-                roles=", ".join(f"W_{r}" for r in missing), names=[n for n, _ in items] or "nothing"
-            )
+            _(
+                "no projection found for {roles} among {names}: name them W_query, W_key, W_value "
+                "(nn.Linear(d_in, d_out) or (d_in, d_out) parameters)"
+            ).format(roles=", ".join(f"W_{r}" for r in missing), names=[n for n, _ in items] or "nothing")
         )
     return found
 
@@ -278,17 +278,25 @@ def _module_prepare(obj: Any) -> dict[str, Any]:
         module = copy.deepcopy(obj)  # never change the learner's own instance
         d_in, d_out = getattr(module, "d_in", None), getattr(module, "d_out", None)
         if not (isinstance(d_in, int) and isinstance(d_out, int)):
-            raise NotGradable("an instance must have int attributes d_in and d_out; pass the class instead")
+            raise NotGradable(
+                _("an instance must have int attributes d_in and d_out; pass the class instead")
+            )
     else:
         d_in, d_out = D_IN, D_OUT
         try:
             module = obj(d_in, d_out)
         except Exception as e:
             raise NotGradable(
-                f"SelfAttention(d_in={d_in}, d_out={d_out}) failed: {type(e).__name__}: {e}"
+                _("SelfAttention(d_in={d_in}, d_out={d_out}) failed: {error}").format(
+                    d_in=d_in, d_out=d_out, error=f"{type(e).__name__}: {e}"
+                )
             ) from e
         if not isinstance(module, torch.nn.Module):
-            raise NotGradable(f"SelfAttention(...) made a {type(module).__name__}, not a torch.nn.Module")
+            raise NotGradable(
+                _("SelfAttention(...) made a {kind}, not a torch.nn.Module").format(
+                    kind=type(module).__name__
+                )
+            )
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():  # fresh weights, so that no initialisation hides a mistake (W_q = W_k …)
         for p in module.parameters():

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..i18n import N_
+from ..i18n import N_, _
 from ..masks import causal_mask
 from .fit import Axis, NotGradable, Probe, Task, positional_count
 
@@ -28,7 +28,7 @@ def as_keep_mask(value: Any) -> torch.Tensor:
         return m == 1
     if bool(((m == 0) | torch.isneginf(m) | (m <= -1e4)).all()):
         return m == 0
-    raise ValueError("the mask holds values other than 0/1 or 0/−∞")
+    raise ValueError(_("the mask holds values other than 0/1 or 0/−∞"))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def _heads_prepare(obj: Any) -> dict[str, Any]:
         get = obj.get if isinstance(obj, dict) else lambda name: getattr(obj, name, None)
         split, merge = get("split_heads"), get("merge_heads")
     if not (callable(split) and callable(merge)):
-        raise NotGradable("the heads task needs both split_heads(x, num_heads) and merge_heads(x)")
+        raise NotGradable(_("the heads task needs both split_heads(x, num_heads) and merge_heads(x)"))
     return {"split": split, "merge": merge, "merge_takes_heads": (positional_count(merge) or 2) >= 2}
 
 
