@@ -381,3 +381,41 @@ def test_cli_help_says_it_runs_the_code(capsys):
     assert main(["grade", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "RUNS the code" in out and "trust" in out
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize(
+    "name", ["wrong_09_causal_triu.py", "wrong_20_scale_and_nan.py", "wrong_15_cache_shifted.py"]
+)
+def test_cli_output_fits_80_columns_and_loses_nothing(lang, name, monkeypatch, capsys):
+    from rich.cells import cell_len
+
+    from selfattention.commands import console
+
+    monkeypatch.setattr(console, "width", 80)
+    assert main(["--lang", lang, "grade", str(GALLERY / name)]) == 1
+    out = capsys.readouterr().out
+    assert all(cell_len(line) <= 80 for line in out.splitlines()), out
+    with i18n.use_language(lang):
+        report = grade_file(GALLERY / name)
+    flat = re.sub(r"\s", "", out)
+    for finding in report.findings:  # every word of every message is printed, in order, none cut
+        assert re.sub(r"\s", "", finding.message) in flat
+        assert re.sub(r"\s", "", finding.passage) in flat
+    # Chinese lines never start with a full-width closing mark
+    assert not [line for line in out.splitlines() if line.strip()[:1] in set("，。、；：？！）」”")]
+
+
+def test_wrap_breaks_between_cjk_characters_not_before_marks():
+    from selfattention.commands.grade import wrap
+
+    lines = wrap("  ✗ [code] " + "注意力分数没有缩放，" * 12, 40)
+    assert len(lines) > 2 and all(cell_len_ok(line, 40) for line in lines)
+    assert all(not line.strip().startswith("，") for line in lines)
+    assert re.sub(r"\s", "", "".join(lines)) == "✗[code]" + "注意力分数没有缩放，" * 12
+
+
+def cell_len_ok(line: str, width: int) -> bool:
+    from rich.cells import cell_len
+
+    return cell_len(line) <= width

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sys
+import unicodedata
 from pathlib import Path
 
 import typer
+from rich.cells import cell_len
 from rich.markup import escape
 
 from ..i18n import N_, _
@@ -21,6 +23,64 @@ _HELP = N_(
     "This RUNS the code in FILE.py: grade only code you trust. Exit code 0: correct; 1: mistakes found; "
     "2: usage error."
 )
+
+
+#: full-width marks that never start a line, and openers that never end one (Chinese line-breaking rules)
+_NO_START = set("，。、；：？！）》」』”’…")
+_NO_END = set("（《「『“‘")
+
+
+def _wide(ch: str) -> bool:
+    return unicodedata.east_asian_width(ch) in "WF"
+
+
+def _units(text: str) -> list[str]:
+    """The unbreakable pieces of ``text``: words (with their trailing spaces) and single CJK characters,
+    full-width closing marks glued to what precedes them and opening marks to what follows."""
+    units: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == " " and units:
+            units[-1] += ch
+            i += 1
+        elif _wide(ch):
+            units.append(ch)
+            i += 1
+        else:
+            j = i
+            while j < len(text) and text[j] != " " and not _wide(text[j]):
+                j += 1
+            units.append(text[i : max(j, i + 1)])
+            i = max(j, i + 1)
+    glued: list[str] = []
+    for unit in units:
+        prev = glued[-1] if glued else ""
+        if prev and (unit[0] in _NO_START or (prev[-1] in _NO_END and not prev.endswith(" "))):
+            glued[-1] = prev + unit
+        else:
+            glued.append(unit)
+    return glued
+
+
+def wrap(line: str, width: int) -> list[str]:
+    """``line`` folded to ``width`` terminal cells, at spaces or between CJK characters (never before a
+    full-width comma or after an opening bracket); continuation lines hang under the text after the
+    line's indent and mark (``✗ ``, ``✓ ``)."""
+    if cell_len(line) <= width:
+        return [line]
+    lead = len(line) - len(line.lstrip(" "))
+    hang = " " * (lead + (2 if line[lead : lead + 2] in ("✗ ", "✓ ") else 2))
+    out: list[str] = []
+    current = ""
+    for unit in _units(line):
+        if current.strip() and cell_len(current + unit.rstrip()) > width:
+            out.append(current.rstrip())
+            current = hang + unit.lstrip()
+        else:
+            current += unit
+    out.append(current.rstrip())
+    return out
 
 
 def grade_command(
@@ -63,8 +123,11 @@ def grade_command(
                 style = "bold green" if report.passed else "bold red"
             elif line.lstrip().startswith("✗ ["):
                 style = "red"
-            text = escape(line)
-            console.print(f"[{style}]{text}[/{style}]" if style else text, highlight=False)
+            for part in wrap(line, max(console.width, 40)):
+                text = escape(part)
+                console.print(
+                    f"[{style}]{text}[/{style}]" if style else text, highlight=False, soft_wrap=True
+                )
     if not report.passed:
         raise typer.Exit(1)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..i18n import N_
+from ..i18n import N_, _
 from ..lectures import label
 
 __all__ = ["Mistake", "MISTAKES", "passage"]
@@ -292,6 +292,6 @@ def passage(mistake: Mistake) -> str:
     rests on when the lecture does not state it is ``_(mistake.note)``."""
     if not mistake.lecture:
         return ""
-    return "{label}, {section}: “{quote}”".format(
+    return _("{label}, {section}: “{quote}”").format(
         label=label(mistake.lecture), section=mistake.section, quote=mistake.quote
     )

@@ -127,15 +127,16 @@ class Report:
         )
         for p in self.probes:
             mark = "✓" if p.matches_spec else "✗"
-            extra = ""
+            what = ""
             if p.raised:
-                extra = " — " + _("raised {error}").format(error=p.raised)
+                what = _("raised {error}").format(error=p.raised)
             elif p.max_error is not None and not p.matches_spec:
                 if math.isfinite(p.max_error):
-                    extra = " — " + _("largest difference {value:.3g}").format(value=p.max_error)
+                    what = _("largest difference {value:.3g}").format(value=p.max_error)
                 else:
-                    extra = " — " + _("NaN or ∞ where the spec has numbers")
-            out.append(f"    {mark} {p.name}{extra}")
+                    what = _("NaN or ∞ where the spec has numbers")
+            text = _("{probe} — {what}").format(probe=p.name, what=what) if what else p.name
+            out.append(f"    {mark} {text}")
         for f in self.findings:
             out.append(f"  ✗ [{f.code}] {f.message}")
             if f.passage:
