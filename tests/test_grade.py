@@ -419,3 +419,29 @@ def cell_len_ok(line: str, width: int) -> bool:
     from rich.cells import cell_len
 
     return cell_len(line) <= width
+
+
+def test_each_single_module_mistake_is_identified():
+    from selfattention.grade.attention_tasks import MODULE
+    from selfattention.grade.fit import Probe
+
+    for config in _single_mistakes(MODULE):
+
+        class SelfAttention(torch.nn.Module):
+            def __init__(self, d_in, d_out, config=config):
+                super().__init__()
+                self.W_query = torch.nn.Linear(d_in, d_out, bias=False)
+                self.W_key = torch.nn.Linear(d_in, d_out, bias=False)
+                self.W_value = torch.nn.Linear(d_in, d_out, bias=False)
+                self.config, self.d_in, self.d_out = config, d_in, d_out
+
+            def forward(self, x):
+                subject = {
+                    "proj": projections(self, self.d_in, self.d_out),
+                    "d_in": self.d_in,
+                    "d_out": self.d_out,
+                }
+                return MODULE.reference(subject, self.config, Probe("", (x,))).float()
+
+        expected = [c for axis in MODULE.axes if (c := axis.code(config[axis.name]))]
+        assert grade(SelfAttention).codes == expected, config

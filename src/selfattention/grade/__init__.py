@@ -157,7 +157,13 @@ def grade(obj: Any, task: str | None = None, *, file: str | None = None) -> Repo
     """
     chosen = resolve_task(task) if task is not None else _detect(obj)
     target = _pick(chosen, obj)
-    report = Report(task=chosen.name, signature=chosen.signature, lecture=chosen.lecture, file=file)
+    report = Report(
+        task=chosen.name,
+        signature=chosen.signature,
+        lecture=chosen.lecture,
+        contract=_(chosen.contract),
+        file=file,
+    )
     try:
         subject = chosen.prepare(target)
     except NotGradable as e:
@@ -243,6 +249,7 @@ def grade_file(path: str | Path, task: str | None = None) -> Report:
             task=chosen.name if chosen else "?",
             signature=chosen.signature if chosen else "",
             lecture=chosen.lecture if chosen else "003",
+            contract=_(chosen.contract) if chosen else "",
             file=str(path),
         )
         report.findings.append(_finding("exception", error))

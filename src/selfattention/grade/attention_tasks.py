@@ -136,6 +136,7 @@ def _simple_reference(_subject: Any, config: dict[str, str], probe: Probe) -> to
 SIMPLE = Task(
     name="simple_attention",
     signature="simple_attention(X) -> Z",
+    contract=N_("X (T, d) → Z = softmax(X Xᵀ) X, (T, d); no scaling, no mask"),
     lecture="000",
     names=("simple_attention",),
     axes=(_SCALE_SIMPLE, _AXIS, _NORM),
@@ -189,6 +190,9 @@ def _sdpa_reference(_subject: Any, config: dict[str, str], probe: Probe) -> torc
 SDPA = Task(
     name="scaled_dot_product_attention",
     signature="scaled_dot_product_attention(q, k, v, mask=None) -> out",
+    contract=N_(
+        "q (Tq, d_k), k (Tk, d_k), v (Tk, d_v), mask None or bool (Tq, Tk) with True = attend → (Tq, d_v)"
+    ),
     lecture="003",
     names=("scaled_dot_product_attention",),
     axes=(_SCALE, _AXIS, _ORDER, _NORM_MASK, _POLARITY, _FILL),
@@ -330,6 +334,9 @@ def _module_reference(subject: dict[str, Any], config: dict[str, str], probe: Pr
 MODULE = Task(
     name="SelfAttention",
     signature="SelfAttention(d_in, d_out)(x) -> context",
+    contract=N_(
+        "an nn.Module with projections W_query, W_key, W_value (nn.Linear or (d_in, d_out) matrices); forward(x): x (T, d_in) → (T, d_out)"
+    ),
     lecture="003",
     names=("SelfAttention",),
     axes=(_SCALE_MODULE, _AXIS, _ORDER, _NORM, _VALUE),
@@ -418,6 +425,9 @@ def _decode_reference(_subject: Any, config: dict[str, str], probe: Probe) -> tu
 DECODE = Task(
     name="decode_step",
     signature="decode_step(q, k, v, k_cache, v_cache, pos) -> out",
+    contract=N_(
+        "q, k (1, d_k), v (1, d_v) of the new token; k_cache (T_max, d_k), v_cache (T_max, d_v) hold positions 0 … pos − 1: write k, v at index pos in place, return the attention over positions 0 … pos, (1, d_v)"
+    ),
     lecture="003",
     names=("decode_step",),
     axes=(_SCALE, _AXIS, _NORM, _CACHE),

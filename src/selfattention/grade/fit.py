@@ -234,6 +234,7 @@ class Task:
     Attributes:
         name: the ``--task`` name.
         signature: what the learner writes (shown in reports and docs).
+        contract: the shapes and conventions (English message id, shown translated).
         lecture: "000" or "003".
         names: names in a learner's file that select this task (auto-detection), all required.
         axes: the computation's choices (spec first; see :class:`Axis`).
@@ -246,6 +247,7 @@ class Task:
 
     name: str
     signature: str
+    contract: str
     lecture: str
     names: tuple[str, ...]
     axes: tuple[Axis, ...]

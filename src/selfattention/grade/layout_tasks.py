@@ -75,6 +75,7 @@ def _causal_reference(_subject: Any, config: dict[str, str], probe: Probe) -> to
 CAUSAL = Task(
     name="causal_mask",
     signature="causal_mask(q_len, k_len) -> mask",
+    contract=N_("bool (Tq, Tk), True = attend; query i sits at key position Tk − Tq + i (bottom-right)"),
     lecture="003",
     names=("causal_mask",),
     axes=_CAUSAL_AXES,
@@ -176,6 +177,7 @@ def _heads_reference(_subject: Any, config: dict[str, str], probe: Probe) -> tup
 HEADS = Task(
     name="heads",
     signature="split_heads(x, num_heads), merge_heads(x)",
+    contract=N_("split_heads: (B, T, H·D) → (B, H, T, D); merge_heads: (B, H, T, D) → (B, T, H·D)"),
     lecture="003",
     names=("split_heads", "merge_heads"),
     axes=_HEADS_AXES,

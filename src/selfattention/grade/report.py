@@ -79,6 +79,7 @@ class Report:
     task: str
     signature: str
     lecture: str
+    contract: str = ""
     findings: list[Finding] = field(default_factory=list)
     probes: list[ProbeResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -101,6 +102,7 @@ class Report:
             "schema": SCHEMA,
             "task": self.task,
             "signature": self.signature,
+            "contract": self.contract,
             "passed": self.passed,
             "language": self.language,
             "file": self.file,
@@ -118,6 +120,8 @@ class Report:
             _("grade · {task} ({lecture})").format(task=self.task, lecture=label(self.lecture)),
             "  " + _("expects: {signature}").format(signature=self.signature),
         ]
+        if self.contract:
+            out.append("    " + self.contract)
         ok = sum(p.matches_spec for p in self.probes)
         out.append(
             "  "
