@@ -430,3 +430,27 @@ def test_each_single_module_mistake_is_identified():
 
         expected = [c for axis in MODULE.axes if (c := axis.code(config[axis.name]))]
         assert grade(SelfAttention).codes == expected, config
+
+
+def _readme_blocks() -> list[str]:
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Grade your own attention code", 1)[1].split("\n### ", 1)[0]
+    return re.findall(r"```(?:python)?\n(.*?)```", section, re.S)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_readme_shows_the_real_output(lang, tmp_path, monkeypatch, capsys):
+    from selfattention.commands import console
+
+    code, english, chinese = _readme_blocks()
+    (tmp_path / "mine.py").write_text(code, encoding="utf-8")
+    monkeypatch.setattr(console, "width", 80)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--lang", lang, "grade", "mine.py"]) == 1
+    out = capsys.readouterr().out
+    if lang == "en":
+        assert out == english
+    else:  # lines taken from the output, in order
+        lines = out.splitlines()
+        positions = [lines.index(line) for line in chinese.splitlines()]
+        assert positions == sorted(positions)
