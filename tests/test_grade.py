@@ -454,3 +454,17 @@ def test_readme_shows_the_real_output(lang, tmp_path, monkeypatch, capsys):
         lines = out.splitlines()
         positions = [lines.index(line) for line in chinese.splitlines()]
         assert positions == sorted(positions)
+
+
+def test_the_package_is_callable_and_a_required_mask_gets_none():
+    import selfattention
+
+    def scaled_dot_product_attention(q, k, v, mask):  # mask without a default
+        scores = q @ k.T / math.sqrt(k.shape[-1])
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
+
+    report = selfattention.grade(scaled_dot_product_attention)
+    assert report.passed, str(report)
+    assert selfattention.grade.TASKS["decode_step"].lecture == "003"

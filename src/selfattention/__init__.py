@@ -4,7 +4,7 @@ The spec lives in :mod:`selfattention.functional`; masks in :mod:`selfattention.
 :mod:`selfattention.modules`; traces of the named steps in :mod:`selfattention.trace`.
 """
 
-from . import masks, mods
+from . import grade, masks, mods  # grade: callable, selfattention.grade(fn, task=...) (docs/grade.md)
 from ._validation import FloatMaskWarning
 from .backends import scaled_dot_product_attention
 from .flex import BlockMask, and_masks, create_block_mask, create_mask, flex_attention, noop_mask, or_masks
@@ -40,6 +40,7 @@ __all__ = [
     "create_block_mask",
     "create_mask",
     "flex_attention",
+    "grade",
     "masks",
     "mods",
     "noop_mask",

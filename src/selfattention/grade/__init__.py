@@ -24,10 +24,13 @@ it: grade only code you trust. Their exceptions become findings (with the traceb
 (False, ['softmax_axis'])
 >>> grade(lambda X: torch.softmax(X @ X.T, dim=-1) @ X, task="simple_attention").passed
 True
+
+The package itself is callable, so ``import selfattention; selfattention.grade(fn)`` works too.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -270,3 +273,13 @@ def grade_file(path: str | Path, task: str | None = None) -> Report:
             )
         task = found[0]
     return grade(namespace, task, file=str(path))
+
+
+class _CallableModule(ModuleType):
+    """``selfattention.grade(fn, task=...)`` calls :func:`grade`; ``selfattention.grade.TASKS`` etc. stay."""
+
+    def __call__(self, obj: Any, task: str | None = None, *, file: str | None = None) -> Report:
+        return grade(obj, task, file=file)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -16,7 +16,7 @@ import torch
 
 from .. import functional as F
 from ..i18n import N_, _
-from .fit import Axis, NotGradable, Probe, Task, first_output, positional_count
+from .fit import Axis, NotGradable, Probe, Task, first_output, positional_count, required_count
 
 __all__ = ["SIMPLE", "SDPA", "MODULE", "DECODE", "attend"]
 
@@ -178,6 +178,15 @@ def _sdpa_probes(fn: Any) -> list[Probe]:
     return probes
 
 
+def _sdpa_args(fn: Any, probe: Probe) -> tuple[Any, ...]:
+    """The probe's (q, k, v[, mask]) as fresh copies; ``None`` for the mask of a no-mask probe when the
+    learner's function makes ``mask`` a required argument."""
+    args: tuple[Any, ...] = tuple(t.clone() for t in probe.args)
+    if len(args) == 3 and required_count(fn) >= 4:
+        args = (*args, None)
+    return args
+
+
 def _sdpa_reference(_subject: Any, config: dict[str, str], probe: Probe) -> torch.Tensor:
     q, k, v = (t.double() for t in probe.args[:3])
     mask = probe.args[3] if len(probe.args) > 3 else None
@@ -197,7 +206,7 @@ SDPA = Task(
     names=("scaled_dot_product_attention",),
     axes=(_SCALE, _AXIS, _ORDER, _NORM_MASK, _POLARITY, _FILL),
     probes=_sdpa_probes,
-    call=lambda fn, probe: first_output(fn(*(t.clone() for t in probe.args))),
+    call=lambda fn, probe: first_output(fn(*_sdpa_args(fn, probe))),
     reference=_sdpa_reference,
 )
 

@@ -37,6 +37,7 @@ __all__ = [
     "last_line_of",
     "first_output",
     "quiet",
+    "required_count",
     "fit",
     "guarded",
     "matches",
@@ -113,6 +114,17 @@ def positional_count(fn: Any) -> int | None:
     if any(p.kind is p.VAR_POSITIONAL for p in params):
         return None
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+
+
+def required_count(fn: Any) -> int:
+    """How many positional parameters ``fn`` requires (no default); 0 when not inspectable."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    return sum(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params
+    )
 
 
 def first_output(result: Any) -> Any:
