@@ -107,6 +107,36 @@ def test_each_single_mistake_is_identified(task):
         assert grade(learner, task=task.name).codes == expected, config
 
 
+#: pairs of mistakes that make the very same mask: inverting tril(-1) gives triu(0), the future triangle
+_SAME_MASK = {
+    ("mask_polarity", "causal_diagonal"): ["causal_future"],
+    ("mask_polarity", "causal_future"): ["causal_diagonal"],
+    ("causal_diagonal", "causal_future"): ["mask_polarity"],
+}
+
+
+@pytest.mark.parametrize("task", [SIMPLE, SDPA, DECODE, CAUSAL], ids=lambda t: t.name)
+def test_two_mistakes_at_once_are_both_named(task):
+    """Every pair of mistakes is named as exactly that pair, unless one of them leaves no trace next to the
+    other (no softmax makes its axis moot, a mask applied after the softmax makes the fill moot, a single
+    decode query makes the softmax axis moot): then the one that does is named, never a mistake that is not
+    there. Most pairs are named exactly."""
+    exact = total = 0
+    for config in configs(task.axes, 2):
+        expected = [c for axis in task.axes if (c := axis.code(config[axis.name]))]
+        if len([a for a in task.axes if config[a.name] != a.default]) != 2:
+            continue
+        total += 1
+        got = grade(_learner_from_reference(task, config), task=task.name).codes
+        if got == expected:
+            exact += 1
+        elif task is CAUSAL:
+            assert got == _SAME_MASK[tuple(expected)], (config, got)
+        else:
+            assert got and set(got) < set(expected), (config, got)
+    assert exact >= 0.6 * total, (exact, total)
+
+
 def test_each_heads_mistake_is_identified():
     from selfattention.grade.layout_tasks import _merge, _split  # noqa: PLC2701 — the task's own references
 

@@ -151,6 +151,9 @@ SIMPLE = Task(
 
 _SQUARE_MASK = [[1, 0, 1, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1], [0, 1, 0, 0, 1], [1, 1, 0, 1, 0]]
 _WIDE_MASK = [[0, 0, 0, 0, 0, 0], [1, 0, 0, 1, 1, 0], [1, 1, 1, 1, 1, 1], [0, 1, 1, 0, 0, 1]]
+#: a fully masked row and a key no query sees (key 4): with the softmax over the wrong axis, the empty
+#: column is what an unguarded −∞ fill turns into NaN
+_HIDDEN_KEY_MASK = [[1, 0, 1, 0, 0], [0, 0, 0, 0, 0], [1, 1, 0, 1, 0], [0, 1, 1, 1, 0]]
 
 
 def _qkv(gen: torch.Generator, tq: int, tk: int, dk: int = 6, dv: int = 4) -> tuple[torch.Tensor, ...]:
@@ -173,6 +176,10 @@ def _sdpa_probes(fn: Any) -> list[Probe]:
             Probe(
                 N_("Tq = 4, Tk = 6, bool mask with a fully masked row"),
                 (*_qkv(gen, 4, 6), torch.tensor(_WIDE_MASK, dtype=torch.bool)),
+            ),
+            Probe(
+                N_("Tq = 4, Tk = 5, bool mask with a fully masked row and a key no query sees"),
+                (*_qkv(gen, 4, 5), torch.tensor(_HIDDEN_KEY_MASK, dtype=torch.bool)),
             ),
         ]
     return probes
