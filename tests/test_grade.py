@@ -436,11 +436,13 @@ def cell_len_ok(line: str, width: int) -> bool:
     return cell_len(line) <= width
 
 
-def test_each_single_module_mistake_is_identified():
+def test_module_mistakes_alone_and_in_pairs():
+    """Each single SelfAttention mistake is named exactly; a pair exactly, or as the one of the two that
+    leaves a trace (softmax over the queries of K Qᵀ *is* the transposed weights)."""
     from selfattention.grade.attention_tasks import MODULE
     from selfattention.grade.fit import Probe
 
-    for config in _single_mistakes(MODULE):
+    for config in configs(MODULE.axes, 2):
 
         class SelfAttention(torch.nn.Module):
             def __init__(self, d_in, d_out, config=config):
@@ -459,7 +461,12 @@ def test_each_single_module_mistake_is_identified():
                 return MODULE.reference(subject, self.config, Probe("", (x,))).float()
 
         expected = [c for axis in MODULE.axes if (c := axis.code(config[axis.name]))]
-        assert grade(SelfAttention).codes == expected, config
+        got = grade(SelfAttention).codes
+        wrong = [a for a in MODULE.axes if config[a.name] != a.default]
+        if len(wrong) <= 1:
+            assert got == expected, config
+        else:
+            assert got == expected or (got and set(got) < set(expected)), (config, got)
 
 
 def _readme_blocks() -> list[str]:
