@@ -505,3 +505,16 @@ def test_the_package_is_callable_and_a_required_mask_gets_none():
     report = selfattention.grade(scaled_dot_product_attention)
     assert report.passed, str(report)
     assert selfattention.grade.TASKS["decode_step"].lecture == "003"
+
+
+def test_an_endless_loop_is_a_finding(monkeypatch):
+    from selfattention.grade import fit
+
+    monkeypatch.setattr(fit, "TIME_LIMIT", 0.2)
+
+    def simple_attention(X):
+        while True:
+            pass
+
+    report = grade(simple_attention)
+    assert report.codes == ["exception"] and "TimeLimitExceeded" in report.findings[0].message

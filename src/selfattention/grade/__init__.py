@@ -37,7 +37,8 @@ from typing import Any
 
 from ..i18n import _
 from .attention_tasks import DECODE, MODULE, SDPA, SIMPLE
-from .fit import NotGradable, Raised, Task, as_outputs, codes, fit, guarded, matches, max_error, run_safely
+from .fit import NotGradable, Raised, Task, as_outputs, codes, guarded, matches, max_error, run_safely
+from .fit import fit as fit_mistakes  # the name `fit` stays the module (selfattention.grade.fit.TIME_LIMIT)
 from .layout_tasks import CAUSAL, HEADS
 from .loader import detect_tasks, load_file
 from .mistakes import MISTAKES, Mistake, passage
@@ -191,7 +192,7 @@ def grade(obj: Any, task: str | None = None, *, file: str | None = None) -> Repo
         )
     if all(p.matches_spec for p in report.probes):
         return report
-    config = fit(chosen.axes, learner, reference, chosen.max_mistakes)
+    config = fit_mistakes(chosen.axes, learner, reference, chosen.max_mistakes)
     if config is not None:
         report.findings += [_finding(code) for code in codes(chosen.axes, config)]
         for p in report.probes:

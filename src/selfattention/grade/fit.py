@@ -16,7 +16,9 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +33,9 @@ __all__ = [
     "Outcome",
     "Probe",
     "Raised",
+    "TIME_LIMIT",
     "Task",
+    "TimeLimitExceeded",
     "as_outputs",
     "codes",
     "last_line_of",
@@ -44,6 +48,7 @@ __all__ = [
     "max_error",
     "positional_count",
     "run_safely",
+    "time_limit",
 ]
 
 #: Outputs are compared in float64 with these tolerances (the learner computes in float32).
@@ -148,10 +153,44 @@ def quiet() -> Iterator[None]:
         yield
 
 
-def run_safely(fn: Callable[[], Any]) -> Outcome:
-    """``fn()`` as outputs, or the :class:`Raised` it raised; never raises (but for KeyboardInterrupt)."""
+#: seconds one call of the learner's code may take (where a timer can interrupt it: the main thread of a
+#: POSIX process); None: no limit
+TIME_LIMIT: float | None = 20.0
+
+
+class TimeLimitExceeded(Exception):
+    """The learner's code ran longer than :data:`TIME_LIMIT` seconds on one call."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Interrupt the block with :class:`TimeLimitExceeded` after ``seconds`` (a no-op where no interval
+    timer can be armed: another thread, Windows, ``seconds`` None)."""
+    if (
+        seconds is None
+        or not hasattr(signal, "setitimer")
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        yield
+        return
+
+    def _expired(_signum: int, _frame: Any) -> None:
+        raise TimeLimitExceeded(f"the code ran longer than {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        with quiet(), torch.no_grad():
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_safely(fn: Callable[[], Any]) -> Outcome:
+    """``fn()`` as outputs, or the :class:`Raised` it raised (an endless loop: after :data:`TIME_LIMIT`
+    seconds, where a timer can interrupt it); never raises (but for KeyboardInterrupt)."""
+    try:
+        with quiet(), torch.no_grad(), time_limit(TIME_LIMIT):
             return as_outputs(fn())
     except Exception as e:  # the learner's exceptions are findings, never crashes
         return Raised(type(e).__name__, last_line_of(e))

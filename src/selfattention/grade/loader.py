@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import fit
 from .attention_tasks import DECODE, MODULE, SDPA, SIMPLE
-from .fit import last_line_of, quiet
+from .fit import last_line_of, quiet, time_limit
 from .layout_tasks import CAUSAL, HEADS
 
 __all__ = ["MODULE_NAME", "detect_tasks", "load_file"]
@@ -31,7 +32,7 @@ def load_file(path: Path) -> tuple[dict[str, Any], str | None]:
     folder = str(Path(path).resolve().parent)
     sys.path.insert(0, folder)
     try:
-        with quiet():
+        with quiet(), time_limit(fit.TIME_LIMIT):
             exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 — the point of the grader
     except (Exception, SystemExit) as e:  # the learner's error is a finding, never a crash
         return {}, last_line_of(e)
