@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from ..i18n import _
+
 __all__ = [
     "Axis",
     "NotGradable",
@@ -175,7 +177,7 @@ def time_limit(seconds: float | None) -> Iterator[None]:
         return
 
     def _expired(_signum: int, _frame: Any) -> None:
-        raise TimeLimitExceeded(f"the code ran longer than {seconds:g} s")
+        raise TimeLimitExceeded(_("the code ran longer than {seconds:g} s").format(seconds=seconds))
 
     previous = signal.signal(signal.SIGALRM, _expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
