@@ -518,3 +518,12 @@ def test_an_endless_loop_is_a_finding(monkeypatch):
 
     report = grade(simple_attention)
     assert report.codes == ["exception"] and "TimeLimitExceeded" in report.findings[0].message
+
+
+def test_a_constructor_that_raises_is_reported():
+    class SelfAttention(torch.nn.Module):
+        def __init__(self, d_in, d_out):
+            raise RuntimeError("not today")
+
+    report = grade(SelfAttention)
+    assert report.codes == ["not_gradable"] and "RuntimeError: not today" in report.findings[0].message

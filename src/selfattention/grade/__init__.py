@@ -37,7 +37,18 @@ from typing import Any
 
 from ..i18n import _
 from .attention_tasks import DECODE, MODULE, SDPA, SIMPLE
-from .fit import NotGradable, Raised, Task, as_outputs, codes, guarded, matches, max_error, run_safely
+from .fit import (
+    NotGradable,
+    Raised,
+    Task,
+    as_outputs,
+    codes,
+    guarded,
+    last_line_of,
+    matches,
+    max_error,
+    run_safely,
+)
 from .fit import fit as fit_mistakes  # the name `fit` stays the module (selfattention.grade.fit.TIME_LIMIT)
 from .layout_tasks import CAUSAL, HEADS
 from .loader import detect_tasks, load_file
@@ -172,6 +183,9 @@ def grade(obj: Any, task: str | None = None, *, file: str | None = None) -> Repo
         subject = chosen.prepare(target)
     except NotGradable as e:
         report.findings.append(_finding("not_gradable", str(e)))
+        return report
+    except Exception as e:  # the learner's object misbehaving while it is set up (a __deepcopy__ …)
+        report.findings.append(_finding("exception", last_line_of(e)))
         return report
     probes = chosen.probes(subject)
     learner = [run_safely(lambda p=p: chosen.call(subject, p)) for p in probes]
