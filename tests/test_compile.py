@@ -260,3 +260,42 @@ def test_dynamic_lengths_and_a_window_visibility_compile(backend):
     got = torch.compile(lambda q: sa.scaled_dot_product_attention(q, k, v, vis, backend=backend), fullgraph=True,
                         backend="aot_eager")(q)  # fmt: skip
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_learned_float_mask_gets_its_gradient_under_jacrev_and_compile(backend):
+    q, k, v = _qkv(tq=3, tk=3, h=2, hkv=2, d=4, dv=4, b=1, dtype=torch.float64)
+    bias = torch.randn(2, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+
+    def f(b):
+        return sa.scaled_dot_product_attention(q, k, v, b, backend=backend)
+
+    want = torch.autograd.functional.jacobian(lambda b: spec.scaled_dot_product_attention(q, k, v, b), bias)
+    torch.testing.assert_close(torch.func.jacrev(f)(bias), want, rtol=1e-9, atol=1e-12)
+    b = bias.clone().requires_grad_()
+    (got,) = torch.autograd.grad(torch.compile(f, fullgraph=True, backend="aot_eager")(b).sum(), b)
+    torch.testing.assert_close(got, want.sum(dim=tuple(range(4))), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["mistral", "t5", "gpt_oss"])  # a sliding window, a relative bias, sinks
+def test_transformers_models_with_windows_biases_and_sinks_compile(name):
+    pytest.importorskip("transformers")
+    from selfattention import hf
+    from tests.tiny_models import ENCODER_DECODER, build
+
+    hf.register()
+    model = build(name)
+    model.set_attn_implementation("selfattention")
+    g = torch.Generator().manual_seed(1)
+    kw = {
+        "input_ids": torch.randint(3, 99, (2, 9), generator=g),
+        "attention_mask": torch.ones(2, 9, dtype=torch.long),
+    }
+    kw["attention_mask"][0, :3] = 0
+    if name in ENCODER_DECODER:
+        kw["decoder_input_ids"] = torch.randint(3, 99, (2, 6), generator=g)
+    with torch.no_grad():
+        want = model(**kw)[0]
+        assert _breaks(model, **kw) == 0
+        got = torch.compile(model, fullgraph=True, backend="aot_eager")(**kw)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

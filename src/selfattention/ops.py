@@ -107,8 +107,13 @@ def _rng(seed: torch.Tensor | None, device: torch.device):
     if seed is None:
         return contextlib.nullcontext()
     stack = contextlib.ExitStack()
-    stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
-    torch.manual_seed(int(seed))
+    cuda = device.type == "cuda"
+    stack.enter_context(torch.random.fork_rng(devices=[device] if cuda else []))
+    if cuda:  # only this device's generator (torch.manual_seed would reseed every device for good)
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(int(seed))
+    else:
+        torch.default_generator.manual_seed(int(seed))
     return stack
 
 
@@ -128,7 +133,8 @@ def _run(q, k, v, mask, dropout_p, is_causal, scale, enable_gqa, visibility, vis
 
 
 def _fresh(t: torch.Tensor, inputs: Sequence[torch.Tensor | None]) -> torch.Tensor:
-    """``t``, or a copy if it shares memory with an input (an op's outputs may not alias its inputs)."""
+    """``t`` contiguous (the strides the fake implementations promise), and a copy if it shares memory with
+    an input (an op's outputs may not alias its inputs)."""
     ptr = t.untyped_storage().data_ptr()
     if any(x is not None and x.numel() and x.untyped_storage().data_ptr() == ptr for x in inputs):
         return t.clone()
@@ -194,8 +200,9 @@ def _attention_backward_op(grad, query, key, value, attn_mask, *args):
 @_attention_backward_op.register_fake
 def _(grad, query, key, value, attn_mask, *args):
     mask_grad = args[-1]
-    dmask = torch.empty_like(attn_mask) if mask_grad else query.new_empty(0)
-    return [torch.empty_like(query), torch.empty_like(key), torch.empty_like(value), dmask]
+    # contiguous, as the real implementation returns them (_fresh): the compiler plans with these strides
+    dmask = attn_mask.new_empty(attn_mask.shape) if mask_grad else query.new_empty(0)
+    return [query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape), dmask]
 
 
 def _setup_context(ctx, inputs, output):

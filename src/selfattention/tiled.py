@@ -127,9 +127,11 @@ def _canonical(
     else:
         hkv = heads
     nb = math.prod(lead)
-    q = q.expand(*lead, heads, *q.shape[-2:]).reshape(nb, heads, *q.shape[-2:])
-    k = k.expand(*lead, hkv, *k.shape[-2:]).reshape(nb, hkv, *k.shape[-2:])
-    v = v.expand(*lead, hkv, *v.shape[-2:]).reshape(nb, hkv, *v.shape[-2:])
+    if not (q.dim() == 4 and q.shape[:2] == (nb, heads) and k.shape[:2] == v.shape[:2] == (nb, hkv)):
+        # (already canonical, the common case: nothing to broadcast)
+        q = q.expand(*lead, heads, *q.shape[-2:]).reshape(nb, heads, *q.shape[-2:])
+        k = k.expand(*lead, hkv, *k.shape[-2:]).reshape(nb, hkv, *k.shape[-2:])
+        v = v.expand(*lead, hkv, *v.shape[-2:]).reshape(nb, hkv, *v.shape[-2:])
     lead_b = lead if lead else (1,)
 
     mask4 = None
