@@ -137,7 +137,7 @@ def _tidy_help(command: Any) -> None:
             param.help = _(param.help)
             if values and "{" in param.help:
                 param.help = param.help.format(**values)
-        if i18n.language() != "en" and param.help and getattr(param, "show_default", False):
+        if i18n.language() != "en" and param.help:
             _default_into_help(param)
         if getattr(param, "is_flag", False):
             param.metavar = ""
@@ -149,13 +149,19 @@ def _tidy_help(command: Any) -> None:
 
 
 def _default_into_help(param: Any) -> None:
-    """``[default: 3]`` as part of the help sentence (``…的 token（默认：3）``): typer sets it apart with
-    a space, which Chinese typography does not put after a full-width stop."""
+    """``[default: 3]`` and ``[required]`` as part of the help sentence (``…的 token（默认：3）``) in a
+    language other than English: typer sets them apart with a space, which Chinese typography does not
+    put after a full-width stop."""
+    if getattr(param, "required", False):
+        param.help = _("{help} [required]").format(help=param.help)
+        return
     default = param.default
-    if default is None or isinstance(default, bool) or callable(default):
+    if not getattr(param, "show_default", False) or default is None or isinstance(default, bool):
+        return
+    if callable(default):
         return
     if isinstance(default, list | tuple):
-        default = ", ".join(map(str, default))
+        default = _(", ").join(map(str, default))
     param.help = _("{help} [default: {value}]").format(help=param.help, value=default)
     param.show_default = False
 
@@ -192,6 +198,8 @@ def _typer_words() -> None:
     for attr, text in _TYPER_WORDS.items():
         if isinstance(getattr(rich_utils, attr, None), str):
             setattr(rich_utils, attr, _(text))
+    if i18n.language() != "en" and isinstance(getattr(rich_utils, "REQUIRED_LONG_STRING", None), str):
+        rich_utils.REQUIRED_LONG_STRING = ""  # in the help sentence instead: ``…的名称（必需）``
 
 
 def _language_of(argv: list[str]) -> str:

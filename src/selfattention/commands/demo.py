@@ -72,7 +72,8 @@ def check_table(example: WorkedExample, results: list[CheckResult] | None = None
         table.add_column(head, justify="left" if i in (0, 4) else "right", no_wrap=True, min_width=width)
     # the sentence takes what is left of the line (2 columns between cells), wrapped if need be
     room = max(12, console.width - sum(widths) - 2 * len(widths))
-    table.add_column(_("what the text says"), overflow="fold", max_width=room)
+    head = _("what the text says")
+    table.add_column(head, overflow="fold", max_width=room, min_width=min(room, cell_len(head)))
     for cells, text, style in rows:
         *plain, status = (escape(c) for c in cells)
         table.add_row(*plain, f"[{style}]{status}[/{style}]", escape(text))
@@ -82,7 +83,12 @@ def check_table(example: WorkedExample, results: list[CheckResult] | None = None
 def show_example(example: WorkedExample, decimals: int = 4) -> int:
     """Print an example's steps and checks; returns the number of wrong printed values."""
     results = example.check()  # raises before anything is printed if the example cannot be computed
-    console.rule(f"[bold]{escape(example.display_title())}")
+    title = example.display_title()
+    if cell_len(title) + 6 <= console.width:
+        console.rule(f"[bold]{escape(title)}")
+    else:  # a rule cuts its title with "…": a long one goes on its own lines, under the rule
+        console.rule()
+        console.print(f"[bold]{escape(title)}")
     if example.display_source():
         console.print(
             "[dim]{source}[/dim]".format(
@@ -158,7 +164,7 @@ def demo(
         total = len(ex.printed)
         if wrong:
             bad = [r for r in ex.check() if r.status == "wrong"]
-            what = "; ".join(
+            what = _("; ").join(
                 _("{step}{at} printed {printed} (exact {exact:.4f})").format(
                     step=_(STEP_NAMES.get(r.number.step, r.number.step)),
                     at=list(r.number.at),
@@ -172,12 +178,18 @@ def demo(
                 "{wrong} of {total} printed numbers are wrong",
                 total,
             ).format(wrong=wrong, total=total)
-            lines.append(f"[bold]{escape(ex.name)}[/bold]: [red]{escape(wrong_text)}[/red]: {escape(what)}")
+            lines.append(
+                _("[bold]{name}[/bold]: [red]{wrong}[/red]: {what}").format(
+                    name=escape(ex.name), wrong=escape(wrong_text), what=escape(what)
+                )
+            )
         else:
             ok_text = ngettext(
                 "the {total} printed number checks out", "all {total} printed numbers check out", total
             ).format(total=total)
-            lines.append(f"[bold]{escape(ex.name)}[/bold]: [green]{escape(ok_text)}[/green]")
+            lines.append(
+                _("[bold]{name}[/bold]: [green]{ok}[/green]").format(name=escape(ex.name), ok=escape(ok_text))
+            )
     console.print(Panel("\n".join(lines), title=_("verdict"), expand=False))
 
 
