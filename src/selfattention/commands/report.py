@@ -9,6 +9,7 @@ selfattention report --example journey --out journey.html
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -108,6 +109,12 @@ def register(app: typer.Typer) -> None:
             )
         if not math.isfinite(exact_mb) or exact_mb <= 0:
             raise UsageError(_("--exact-mb must be a finite number > 0, got {value}").format(value=exact_mb))
+        if out.suffix.lower() not in (".html", ".htm"):
+            raise UsageError(
+                _("--out {path}: the report is an HTML page, give a file name ending in .html").format(
+                    path=out
+                )
+            )
         if out.exists() and out.is_dir():
             raise UsageError(
                 _("--out {path} is a directory; give a file name such as {example}").format(
@@ -120,6 +127,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(
                 _("--out {path}: cannot create its folder ({error})").format(path=out, error=e.strerror)
             ) from None
+        if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+            raise UsageError(_("--out {path}: not writable").format(path=out))
         start = time.perf_counter()
 
         if example is not None:
