@@ -56,7 +56,7 @@ _CODE = re.compile(
     r"|\w+(?:,[\w+]+)+"  # lists of values: dense,causal,window
     r"|\S*[_\d./\\=<>\[\]{}()|]\S*"  # code names, numbers, paths, shapes, types: anything with _ or digits
     r"|\b[A-Z][A-Z0-9.]+\b"  # placeholders and acronyms: TEXT, NAME, OPTIONS, SDPA, MiB is below
-    r"|\b(?:MiB|GiB|KiB|FLOPs|nats|token|tokens|float32|float64|bf16|fp16|softmax|cos|exp|log2)\b"
+    r"|\b(?:MiB|GiB|KiB|FLOPs|nats|token|tokens|float32|float64|bf16|fp16|softmax|cos|exp|log2|out|dq|dk|dv)\b"
 )
 _ENGLISH_RUN = re.compile(r"\b[A-Za-z][a-z]{1,}(?:[ ,'-]+[A-Za-z][a-z]{1,})+\b")
 #: English sentences the help quotes as data (explain's built-in sentence and its variant)
@@ -251,3 +251,39 @@ def test_fuzz_report_in_chinese():
         text = format_report(report)
     assert "模糊测试 2 秒：40 个输入" in text and "失败：RuntimeError: boom" in text
     assert "fuzzed" not in text and "inputs by target" not in text and "FAILURE" not in text
+
+
+def test_heatmap_axes_in_chinese_when_a_font_can_draw_them(monkeypatch):
+    import torch
+
+    from selfattention import viz
+
+    w = torch.full((2, 2), 0.5)
+    fig = viz.attention_heatmap(w, ["a", "b"], ["a", "b"])
+    ax = fig.axes[0]
+    assert (ax.get_xlabel(), ax.get_ylabel()) == viz.AXIS_LABELS  # English by default
+    with i18n.use_language("zh"):
+        monkeypatch.setattr(viz, "cjk_family", lambda: "Some CJK Font")
+        ax = viz.attention_heatmap(w, ["a", "b"], ["a", "b"]).axes[0]
+        assert (ax.get_xlabel(), ax.get_ylabel()) == ("键（被关注）", "查询（发出关注）")
+        monkeypatch.setattr(viz, "cjk_family", lambda: None)  # no font: English, not empty boxes
+        ax = viz.attention_heatmap(w, ["a", "b"], ["a", "b"]).axes[0]
+        assert (ax.get_xlabel(), ax.get_ylabel()) == viz.AXIS_LABELS
+
+
+def test_check_step_names_in_chinese(columns, capsys):
+    assert main(["--lang", "zh", "check", "journey"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("归一化分母[1]") and "17.0" in line and "错误" in line for line in lines)
+    assert any(line.startswith("分数[1, 0]") for line in lines)
+    assert not any(line.startswith(("scores[", "normaliser[", "weights[")) for line in lines)
+
+
+def test_ring_in_chinese(columns, capsys):
+    argv = ["--lang", "zh", "ring", "-n", "2", "--seq-len", "10", "--heads", "1", "--head-dim", "4"]
+    assert main([*argv, "--layout", "zigzag"]) == 0
+    out = capsys.readouterr().out
+    assert "环形注意力" in out and "因果：否" in out and "之字形布局" in out and "进程号" in out
+    assert "causal=" not in out and "zigzag" not in out
+    bad = problems(out, columns, sources=_sources())
+    assert not bad, "\n".join(bad)

@@ -177,7 +177,7 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         console.print(
             _("max |ring − single process| (float32 vs float64 spec): {diffs}").format(
-                diffs=", ".join(f"{k} {v:.1e}" for k, v in err.items())
+                diffs=_(", ").join(f"{k} {v:.1e}" for k, v in err.items())
             ),
             highlight=False,
         )
