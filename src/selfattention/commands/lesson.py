@@ -164,8 +164,10 @@ def _print_result(result: Any, out: Path | None = None) -> None:
             table.add_row(*(escape(str(c)) for c in row))
         console.print(table)
     for note in result.notes:
-        note_label = _("note:")
-        console.print(f"[dim]{escape(note_label)}[/dim] {escape(note)}", highlight=False)
+        console.print(
+            _("{label} {value}").format(label="[dim]{}[/dim]".format(escape(_("note:"))), value=escape(note)),
+            highlight=False,
+        )
     for path in result.figures:
         console.print(escape(_("figure: {path}").format(path=path)), highlight=False)
     if out is not None and not result.figures:
