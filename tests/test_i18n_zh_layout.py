@@ -182,6 +182,8 @@ def test_every_chinese_help_is_whole_and_chinese(columns, capsys):
         ["lesson", "list", "--long"],
         ["lesson", "show", "n-squared-bill"],
         ["lesson", "run", "single-token"],
+        ["lesson", "run", "value-scales-output"],
+        ["lesson", "run", "why-scale-by-sqrt-dk"],
         ["check", "journey", "two-token"],
     ],
 )

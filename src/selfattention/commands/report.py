@@ -109,16 +109,16 @@ def register(app: typer.Typer) -> None:
             )
         if not math.isfinite(exact_mb) or exact_mb <= 0:
             raise UsageError(_("--exact-mb must be a finite number > 0, got {value}").format(value=exact_mb))
-        if out.suffix.lower() not in (".html", ".htm"):
-            raise UsageError(
-                _("--out {path}: the report is an HTML page, give a file name ending in .html").format(
-                    path=out
-                )
-            )
         if out.exists() and out.is_dir():
             raise UsageError(
                 _("--out {path} is a directory; give a file name such as {example}").format(
                     path=out, example=out / "report.html"
+                )
+            )
+        if out.suffix.lower() not in (".html", ".htm"):
+            raise UsageError(
+                _("--out {path}: the report is an HTML page, give a file name ending in .html").format(
+                    path=out
                 )
             )
         try:
