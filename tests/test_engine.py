@@ -207,7 +207,7 @@ def test_a_first_call_without_autograd_still_gets_the_vendor_kernel(mode, monkey
     with getattr(torch, mode)():
         assert describe(q, k, v, is_causal=True).kernel == "vendor"
         out = tiled_attention(q, k, v, is_causal=True)
-    assert vendor._CHECKED == {("cpu", torch.float32): None}
+    assert vendor._CHECKED == {("cpu", None, torch.float32): (None, None)}  # (device, index, dtype): final
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 

@@ -4,9 +4,10 @@ The spec lives in :mod:`selfattention.functional`; masks in :mod:`selfattention.
 :mod:`selfattention.modules`; traces of the named steps in :mod:`selfattention.trace`.
 """
 
-from . import masks
+from . import grade, masks, mods  # grade: callable, selfattention.grade(fn, task=...) (docs/grade.md)
 from ._validation import FloatMaskWarning
 from .backends import scaled_dot_product_attention
+from .flex import BlockMask, and_masks, create_block_mask, create_mask, flex_attention, noop_mask, or_masks
 from .functional import (
     AttentionSteps,
     attention_steps,
@@ -24,6 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionSteps",
+    "BlockMask",
     "AttentionTrace",
     "FloatMaskWarning",
     "KVCache",
@@ -31,10 +33,18 @@ __all__ = [
     "SelfAttention",
     "SimpleSelfAttention",
     "Visibility",
+    "and_masks",
     "attention_steps",
     "attention_weights",
     "capture",
+    "create_block_mask",
+    "create_mask",
+    "flex_attention",
+    "grade",
     "masks",
+    "mods",
+    "noop_mask",
+    "or_masks",
     "scaled_dot_product_attention",
     "simple_attention",
     "simple_attention_steps",

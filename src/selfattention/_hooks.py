@@ -12,12 +12,17 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+import torch
+
 _recorders: ContextVar[tuple[list[Any], ...]] = ContextVar("selfattention_recorders", default=())
 _pending_inputs: ContextVar[Any] = ContextVar("selfattention_pending_inputs", default=None)
 
 
 def capturing() -> bool:
-    """True inside a :func:`selfattention.capture` block."""
+    """True inside a :func:`selfattention.capture` block (never while torch.compile traces: a compiled
+    graph records no steps, and the compiler cannot read a ContextVar)."""
+    if torch.compiler.is_compiling():
+        return False
     return bool(_recorders.get())
 
 

@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import math
 import numbers
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
+from .visibility import Visibility, as_visibility
+
 __all__ = [
+    "AttentionArgs",
+    "parse_attention",
     "check_qkv",
     "check_mask",
     "resolve_scale",
@@ -21,11 +29,47 @@ __all__ = [
     "check_positive_int",
     "check_bool",
     "FloatMaskWarning",
+    "symbolic",
+    "batched",
+    "direct",
 ]
 
 
 class FloatMaskWarning(UserWarning):
     """A float ``attn_mask`` made only of 0s and 1s: probably meant as a keep-mask (use bool)."""
+
+
+_direct = threading.local()
+
+
+def symbolic() -> bool:
+    """True while a transform records or traces the call: ``torch.compile``/``torch.export``, ``torch.jit.trace``
+    or a ``torch.func`` transform (vmap, grad, jacrev …). Data-dependent decisions (``bool(tensor)``) are
+    impossible there; the entry points then call the registered custom ops of :mod:`selfattention.ops`,
+    whose real implementations run eagerly (inside them this is False again: :func:`direct`)."""
+    if torch.compiler.is_compiling() or torch.compiler.is_exporting():  # (first: not a threading.local)
+        return True
+    if getattr(_direct, "depth", 0):
+        return False
+    if torch.jit.is_tracing():
+        return True
+    return bool(torch._C._are_functorch_transforms_active())
+
+
+def batched(t: torch.Tensor) -> bool:
+    """``t`` is a vmap-batched tensor (torch.func's, or the one of ``autograd.grad(is_grads_batched=True)``)."""
+    f = torch._C._functorch
+    return bool(f.is_batchedtensor(t) or f.is_legacy_batchedtensor(t))
+
+
+@contextmanager
+def direct() -> Iterator[None]:
+    """Inside this block :func:`symbolic` is False: a custom op's real implementation, on real tensors."""
+    _direct.depth = getattr(_direct, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _direct.depth -= 1
 
 
 def all_finite(t: torch.Tensor | None) -> bool:
@@ -39,7 +83,7 @@ def all_finite(t: torch.Tensor | None) -> bool:
 def broadcast_shapes(*shapes: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
     """``torch.broadcast_shapes`` in plain Python (a tenth of its cost on the per-call path); raises
     ``RuntimeError`` like it when the shapes do not broadcast."""
-    n = max((len(s) for s in shapes), default=0)
+    n = max([0, *(len(s) for s in shapes)])  # (no max(default=): torch.compile traces this)
     out = [1] * n
     for shape in shapes:
         for i, size in enumerate(shape, start=n - len(shape)):
@@ -143,7 +187,11 @@ def check_qkv(
         ) from None
     if enable_gqa and query.dim() >= 3:
         batch = torch.Size((*batch, query.shape[-3]))
-    return batch, query.shape[-2], key.shape[-2]
+    # plain ints: torch.jit.trace hands sizes over as 0-dim tensors (the trace is then for these lengths)
+    q_len, k_len = query.shape[-2], key.shape[-2]
+    if isinstance(q_len, torch.Tensor) or isinstance(k_len, torch.Tensor):
+        q_len, k_len = int(q_len), int(k_len)
+    return batch, q_len, k_len
 
 
 def check_mask(
@@ -230,3 +278,61 @@ def check_positive_int(name: str, value: object) -> int:
     if value <= 0:
         raise ValueError(f"{name} must be a positive int, got {value}")
     return value
+
+
+@dataclass(frozen=True)
+class AttentionArgs:
+    """The arguments of one attention call, validated: what every entry point computes from.
+
+    Attributes:
+        batch: the output's batch dims, heads included (``(..., H)``).
+        q_len, k_len: Tq and Tk.
+        vis: the visibility of ``attn_mask`` and ``is_causal`` together (its ``attn_mask`` is the checked
+            tensor mask, or None).
+        dropout_p: the dropout probability in force (0.0 when not ``training``).
+        scale: the factor on Q Kᵀ (1/√D when ``None`` was given).
+        enable_gqa: grouped-query heads allowed.
+    """
+
+    batch: tuple[int, ...]
+    q_len: int
+    k_len: int
+    vis: Visibility
+    dropout_p: float
+    scale: float
+    enable_gqa: bool
+
+    @property
+    def empty(self) -> bool:
+        """Nothing to compute: no query, no key, or a batch dim of 0 (zeros of the output's shape)."""
+        return self.q_len == 0 or self.k_len == 0 or 0 in self.batch
+
+
+def parse_attention(
+    query: object,
+    key: object,
+    value: object,
+    attn_mask: object = None,
+    dropout_p: object = 0.0,
+    is_causal: object = False,
+    scale: object = None,
+    *,
+    enable_gqa: object = False,
+    training: object = True,
+) -> AttentionArgs:
+    """Validate the arguments of ``scaled_dot_product_attention`` (torch SDPA's signature plus
+    ``training``) once, in one order, for every entry point (the spec, the backends, the tiled engine,
+    the ring): tensors (:func:`check_qkv`), ``is_causal``/``training`` (real bools), ``attn_mask`` (a
+    tensor or a :class:`~selfattention.visibility.Visibility`: :func:`check_mask`), ``dropout_p``
+    (checked even when not training: a bad value is a bug either way), ``scale`` (:func:`resolve_scale`).
+
+    Raises ``TypeError``/``ValueError`` naming the argument, as the functions above.
+    """
+    batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)  # type: ignore[arg-type]
+    check_bool("is_causal", is_causal)
+    check_bool("training", training)
+    vis = as_visibility(attn_mask, is_causal, q_len, k_len)  # type: ignore[arg-type]
+    check_mask(vis.attn_mask, batch, q_len, k_len, query.device)  # type: ignore[union-attr]
+    p = check_dropout(dropout_p)  # type: ignore[arg-type]
+    scale = resolve_scale(scale, query.shape[-1])  # type: ignore[union-attr, arg-type]
+    return AttentionArgs(tuple(batch), q_len, k_len, vis, p if training else 0.0, scale, bool(enable_gqa))

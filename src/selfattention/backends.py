@@ -25,10 +25,11 @@ from dataclasses import replace
 import torch
 
 from . import functional as F
-from ._validation import all_finite, check_bool, check_dropout, check_mask, check_qkv, resolve_scale
+from . import ops
+from ._validation import all_finite, parse_attention, symbolic
 from .kernels import vendor
 from .tiled import tiled_attention
-from .visibility import Visibility, as_visibility
+from .visibility import Visibility
 
 __all__ = [
     "register_backend",
@@ -96,6 +97,11 @@ def scaled_dot_product_attention(
             [0.6605, 1.3395]])
     """
     fn = _reference if backend is None else get_backend(backend)
+    if symbolic():  # torch.compile / export / vmap / jit.trace: one registered op (selfattention.ops)
+        return ops.attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
+            training=training, backend="reference" if backend is None else backend,
+        )  # fmt: skip
     return fn(
         query,
         key,
@@ -173,7 +179,11 @@ class _SpecForCreateGraph(torch.autograd.Function):
                 out = ctx.spec(*ins)
         wanted = [t for t in ins if t is not None and t.requires_grad]
         grads = iter(
-            torch.autograd.grad(out, wanted, dout, create_graph=torch.is_grad_enabled(), allow_unused=True)
+            # retain_graph: the outer graph may be run backward again (``retain_graph=True`` there);
+            # the inner graph dies with this context, so nothing outlives the outer one
+            torch.autograd.grad(
+                out, wanted, dout, create_graph=torch.is_grad_enabled(), retain_graph=True, allow_unused=True
+            )
         )
         return (None, None, *[next(grads) if t is not None and t.requires_grad else None for t in ins])
 
@@ -200,16 +210,18 @@ def torch_sdpa(
     bfloat16 is 2–3× further from float64 than naive bfloat16 math), and ``create_graph=True`` (double
     backward) works through the spec. Shapes and errors as in the reference.
     """
-    batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)
-    check_bool("is_causal", is_causal)
-    vis = as_visibility(attn_mask, is_causal, q_len, k_len)
-    check_mask(vis.attn_mask, batch, q_len, k_len, query.device)
-    dropout_p = check_dropout(dropout_p)  # checked even when not training: a bad value is a bug either way
-    if not training:
-        dropout_p = 0.0
-    scale = resolve_scale(scale, query.shape[-1])
-    if q_len == 0 or k_len == 0 or 0 in batch:  # (a batch dim of 0 broadcast against 1 is 0, not 1)
-        return F._empty_context(query, key, value, (*batch, q_len, value.shape[-1]))
+    if symbolic():
+        return ops.attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
+            training=training, backend="torch",
+        )  # fmt: skip
+    args = parse_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
+    )
+    batch, q_len, k_len, vis = args.batch, args.q_len, args.k_len, args.vis
+    dropout_p, scale = args.dropout_p, args.scale
+    if args.empty:  # (a batch dim of 0 broadcast against 1 is 0, not 1)
+        return F.empty_context(query, key, value, (*batch, q_len, value.shape[-1]))
     if not (all_finite(query) and all_finite(key) and all_finite(value)):
         # torch SDPA's fused kernels turn a NaN query row into zeros and let a hidden NaN/inf key or value
         # reach other rows through 0 · NaN; inputs holding NaN/inf are rare, so the spec computes them
@@ -228,7 +240,7 @@ def torch_sdpa(
         and mask_in is None
         and scale > 0.0
     )
-    visible = None if plain_causal else F._visible(vis, (*batch, q_len, k_len), query.device)
+    visible = None if plain_causal else F.visible_keys(vis, (*batch, q_len, k_len), query.device)
     compute = vendor.compute_dtype(query.device, query.dtype)
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:

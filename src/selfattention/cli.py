@@ -30,6 +30,7 @@ COMMAND_MODULES = [
     "bench",
     "fuzz",
     "ring",
+    "grade",
 ]
 
 _APP_HELP = N_("Self-attention as the lectures describe it: replay, explain, check, measure.")

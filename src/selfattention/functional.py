@@ -30,8 +30,8 @@ from dataclasses import dataclass, fields
 import torch
 
 from . import _hooks
-from ._validation import all_finite, check_dropout, check_mask, check_qkv, resolve_scale
-from .visibility import Visibility, as_visibility
+from ._validation import all_finite, parse_attention
+from .visibility import Visibility
 
 __all__ = [
     "AttentionSteps",
@@ -79,7 +79,7 @@ class AttentionSteps:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-def _empty_context(
+def empty_context(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shape: tuple[int, ...]
 ) -> torch.Tensor:
     """Zeros of ``shape`` for Tq = 0 or Tk = 0 (nothing to attend to), tied to the inputs' graphs so that
@@ -144,7 +144,7 @@ def guarded_pv(p: torch.Tensor, v: torch.Tensor, seen: torch.Tensor) -> torch.Te
     return torch.where(nan | pos | neg, special, clean)
 
 
-def _visible(vis: Visibility, shape: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
+def visible_keys(vis: Visibility, shape: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
     """Bool (…, Tq, Tk) of the keys each query may see, or None when every key is visible."""
     if not (vis.structural or vis.q_doc is not None or vis.attn_mask is not None):
         return None
@@ -178,14 +178,11 @@ def attention_steps(
     tensor([[1.3395, 0.6605],
             [0.6605, 1.3395]])
     """
-    batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    vis = as_visibility(attn_mask, is_causal, q_len, k_len)
-    attn_mask = vis.attn_mask
-    check_mask(attn_mask, batch, q_len, k_len, query.device)
-    dropout_p = check_dropout(dropout_p)
-    scale = resolve_scale(scale, query.shape[-1])
+    args = parse_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
+    )
+    batch, q_len, k_len, vis, scale = args.batch, args.q_len, args.k_len, args.vis, args.scale
+    attn_mask, dropout_p = vis.attn_mask, args.dropout_p
 
     if enable_gqa and query.dim() >= 3 and key.shape[-3] != query.shape[-3]:
         group = query.shape[-3] // key.shape[-3]
@@ -196,7 +193,7 @@ def attention_steps(
     acc = torch.promote_types(query.dtype, torch.float32)
     q, k, v = query.to(acc), key.to(acc), value.to(acc)
     score_shape = (*batch, q_len, k_len)
-    visible = _visible(vis, score_shape, query.device)
+    visible = visible_keys(vis, score_shape, query.device)
     all_visible = torch.ones((), dtype=torch.bool, device=query.device).expand(score_shape)
     visible_or_all = all_visible if visible is None else visible
     if visible is not None and not all_finite(q):
@@ -221,7 +218,9 @@ def attention_steps(
 
     # Step 3: softmax over keys; a row with no visible key gets weights 0 (never 0/0 = NaN)
     if k_len == 0:
-        weights = masked_scores.new_zeros(score_shape)
+        # nothing to attend to: an empty table, still tied to query and key so that they get zero
+        # gradients (not None), as on every other backend
+        weights = masked_scores.expand(score_shape) * 0.0
     else:
         row_max = masked_scores.amax(dim=-1, keepdim=True).detach()
         row_max = torch.where(row_max == -math.inf, torch.zeros_like(row_max), row_max)
@@ -234,7 +233,7 @@ def attention_steps(
             weights = torch.where(visible, weights, torch.zeros((), dtype=acc, device=q.device))
 
     used = weights
-    if dropout_p > 0.0 and training:
+    if dropout_p > 0.0:
         keep = torch.rand_like(weights) >= dropout_p
         used = weights * keep / (1.0 - dropout_p)
 

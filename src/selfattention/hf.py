@@ -68,7 +68,6 @@ Sources: transformers 5.x ``integrations/sdpa_attention.py`` (the mask-less rule
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -175,9 +174,9 @@ def recording() -> Iterator[list[AttentionCall]]:
 
 
 def _import_transformers() -> None:
-    # Nothing here needs the network; the flag also stops any hub lookup transformers might add. It is
-    # only set when the user has not chosen.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Nothing here needs the network. The user's environment is theirs: no variable is set (a process-wide
+    # HF_HUB_OFFLINE would break their own from_pretrained and reach child processes); where this library
+    # loads something itself it passes local_files_only=True (selfattention.pretrained).
     import transformers  # noqa: F401
 
 
@@ -344,7 +343,9 @@ def attention_forward(
             k_len = q_len
         if causal and (k_len < q_len or (sliding_window is not None and q_len > sliding_window)):
             mask, causal = _top_left(q_len, k_len, sliding_window, query.device), False
-        elif not causal and sliding_window is not None and max(q_len, k_len) - 1 > sliding_window:
+        elif not causal and sliding_window is not None and max(q_len, k_len) > sliding_window:
+            # the window shows a query the W keys up to its own position: a key W or more positions
+            # back is hidden, which happens as soon as there are more than W positions
             raise ValueError(
                 f"a mask-less non-causal call with sliding_window={sliding_window} and {q_len} queries × "
                 f"{k_len} keys: the window would hide keys, but without a mask its alignment is not "
@@ -368,7 +369,7 @@ def attention_forward(
 
     enable_gqa = key.shape[-3] != query.shape[-3]
     training = bool(getattr(module, "training", False))
-    calls = _calls.get()
+    calls = None if torch.compiler.is_compiling() else _calls.get()  # (recording(): not in compiled graphs)
     if calls is not None:
         calls.append(AttentionCall(query, key, value, mask, causal, scale, enable_gqa, k_len))
     weights = None

@@ -25,7 +25,7 @@ from torch import nn
 
 from . import _hooks
 from . import functional as F
-from ._validation import check_bool, check_dropout, check_positive_int
+from ._validation import check_bool, check_dropout, check_positive_int, symbolic
 from .backends import scaled_dot_product_attention
 from .kv_cache import KVCache
 from .visibility import Visibility
@@ -96,6 +96,11 @@ class MultiHeadAttention(nn.Module):
       padding — convert with :func:`selfattention.masks.from_torch_mha`), or additive float. With a
       ``kv_cache`` it has shape (B, Tq): one flag per token passed in, remembered by the cache.
     * ``is_causal``: bottom-right aligned causal mask (query i at key position Tk - Tq + i).
+    * ``kv_cache`` with ``key``/``value`` (cross-attention, encoder–decoder decoding): the first call (an
+      empty cache) projects the encoder's ``key``/``value`` once and stores them with the padding flags
+      of ``key_padding_mask``; later calls pass the same encoder output and reuse the cached keys/values
+      without projecting again (a ``key`` of another length raises ``ValueError``). No causal placement;
+      ``is_causal`` applies as given. The cache's capacity must hold Tk; it may not have a window.
     * ``kv_cache``: a :class:`~selfattention.kv_cache.KVCache` for self-attention decoding. The new
       keys/values are appended and the queries attend over [cache ∪ new], causally at their true
       positions (``kv_cache.offset`` before the call), inside the cache's window if it has one.
@@ -117,8 +122,8 @@ class MultiHeadAttention(nn.Module):
         TypeError/ValueError: sizes that do not divide, inputs of the wrong rank/size/dtype (naming the
         argument and its shape; a dtype other than the parameters' is a TypeError, e.g. float64 input
         on a float32 module: call ``module.double()``), ``is_causal``/``need_weights`` that are not a
-        bool, a cache whose heads/head_dim differ from the module's, cross-attention
-        inputs together with a cache.
+        bool, a cache whose heads/head_dim differ from the module's, a cross-attention cache with a window
+        or given a memory of another length.
 
     Differences from ``torch.nn.MultiheadAttention``: batch first only; bool masks mean True = attend and
     True = real token; separate q/k/v projections (copy torch's ``in_proj_weight`` in three slices);
@@ -254,6 +259,33 @@ class MultiHeadAttention(nn.Module):
             )
         return m
 
+    def _cross_cached(self, cache, key, value, key_padding_mask, mask, project):
+        """Cross-attention over a cache of the encoder's projected keys/values (encoder–decoder decoding):
+        the first call (empty cache) projects ``key``/``value`` and stores them with their padding flags;
+        later calls reuse them and do not project again, so ``key`` must be the same memory (its length
+        is checked). Every query sees every real key (no causal placement: the keys are not a past)."""
+        if cache.window is not None:
+            raise ValueError(
+                "a cross-attention kv_cache holds the encoder's keys: it cannot have a window "
+                f"(this one has window={cache.window})"
+            )
+        tk = key.shape[1]
+        if cache.offset == 0:
+            k, v = project(key, value)
+            k, v, _ = cache.update(k.to(cache.key.dtype), v.to(cache.key.dtype), key_padding_mask)
+        else:
+            if cache.offset != tk:
+                raise ValueError(
+                    f"this kv_cache holds the cross-attention keys of a memory of {cache.offset} positions, "
+                    f"but key has {tk} (B, Tk, kdim = {_fmt(key.shape)}): pass the same encoder output on "
+                    "every step, or a new cache (or cache.reset()) for a new one"
+                )
+            k, v = cache.keys(), cache.values()
+        pad = key_padding_mask if key_padding_mask is not None else cache.real[:, :tk]
+        if bool(pad.all()):
+            pad = None
+        return k, v, merge_masks(mask, self._padding(pad, key.shape[0], tk))
+
     # ----------------------------------------------------------------- forward
     def forward(
         self,
@@ -277,8 +309,6 @@ class MultiHeadAttention(nn.Module):
                 key_padding_mask = key_padding_mask.unsqueeze(0)
         self._check_input("query", query, self.embed_dim, "embed_dim")
         self_attention = key is None and value is None
-        if kv_cache is not None and not self_attention:
-            raise ValueError("kv_cache is for self-attention: pass key=None and value=None with a cache")
         if self_attention:
             if self.kdim != self.embed_dim or self.vdim != self.embed_dim:
                 raise ValueError(
@@ -301,8 +331,11 @@ class MultiHeadAttention(nn.Module):
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
 
         q = self.q_proj(query).view(batch, q_len, H, D).transpose(1, 2)  # (B, Tq, E) -> (B, H, Tq, D)
-        k = self.k_proj(key).view(batch, key.shape[1], Hkv, D).transpose(1, 2)  # (B, Hkv, Tk, D)
-        v = self.v_proj(value).view(batch, key.shape[1], Hkv, D).transpose(1, 2)  # (B, Hkv, Tk, D)
+
+        def project(key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            k = self.k_proj(key).view(batch, key.shape[1], Hkv, D).transpose(1, 2)  # (B, Hkv, Tk, D)
+            v = self.v_proj(value).view(batch, key.shape[1], Hkv, D).transpose(1, 2)  # (B, Hkv, Tk, D)
+            return k, v
 
         mask = self._attn_mask(attn_mask)
         if kv_cache is not None:
@@ -315,6 +348,12 @@ class MultiHeadAttention(nn.Module):
                 )
             if key_padding_mask is not None and key_padding_mask.dtype != torch.bool:
                 raise TypeError("with a kv_cache, key_padding_mask must be bool (True = real token)")
+        if kv_cache is not None and not self_attention:
+            k, v, mask = self._cross_cached(kv_cache, key, value, key_padding_mask, mask, project)
+            k, v = k.to(q.dtype), v.to(q.dtype)
+            causal = is_causal
+        elif kv_cache is not None:
+            k, v = project(key, value)
             k, v, cache_mask = kv_cache.update(
                 k.to(kv_cache.key.dtype), v.to(kv_cache.key.dtype), key_padding_mask
             )
@@ -322,12 +361,16 @@ class MultiHeadAttention(nn.Module):
             mask = merge_masks(mask, cache_mask)
             causal = False  # the cache's mask already places the queries at their positions
         else:
+            k, v = project(key, value)
             mask = merge_masks(mask, self._padding(key_padding_mask, batch, k.shape[2]))
             causal = is_causal
 
         dropout_p = self.dropout if self.training else 0.0
         weights = None
-        if need_weights or _hooks.capturing() or self.backend in (None, "reference"):
+        # under torch.compile/export/vmap/trace the reference path, too, is one registered op (the backends'
+        # entry point takes it there); weights and traces need the named steps themselves
+        reference = self.backend in (None, "reference") and not symbolic()
+        if need_weights or _hooks.capturing() or reference:
             with _hooks.inputs(query):
                 steps = F.attention_steps(
                     q, k, v, mask, dropout_p, causal, enable_gqa=True, training=self.training
@@ -345,7 +388,7 @@ class MultiHeadAttention(nn.Module):
                 is_causal=causal,
                 enable_gqa=True,
                 training=self.training,
-                backend=self.backend,
+                backend=self.backend or "reference",
             )
         out = self.out_proj(context.transpose(1, 2).reshape(batch, q_len, self.embed_dim))  # (B, Tq, E)
         if unbatched:

@@ -27,9 +27,10 @@ Requires the ``model`` extra: ``transformers`` (5.x), ``tokenizers`` and, for th
 from __future__ import annotations
 
 import difflib
-import functools
 import json
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,8 +237,29 @@ def trained_length(model: str | Path | None = None) -> int | None:
     return position_limit(model)
 
 
-@functools.cache
+#: Loaded (model, tokenizer) pairs kept for reuse, most recent last: a few, not every model ever loaded
+#: (each holds its weights); an evicted model lives on only as long as the caller holds it.
+LOADED_MAX = 4
+_loaded: OrderedDict[tuple[str, str], tuple[Any, Any]] = OrderedDict()
+_loaded_lock = threading.Lock()
+
+
 def _load(path: str, attn_implementation: str) -> tuple[Any, Any]:
+    key = (path, attn_implementation)
+    with _loaded_lock:
+        if key in _loaded:
+            _loaded.move_to_end(key)
+            return _loaded[key]
+    pair = _read(path, attn_implementation)
+    with _loaded_lock:
+        pair = _loaded.setdefault(key, pair)  # another thread may have loaded it meanwhile: one copy
+        _loaded.move_to_end(key)
+        while len(_loaded) > LOADED_MAX:
+            _loaded.popitem(last=False)
+    return pair
+
+
+def _read(path: str, attn_implementation: str) -> tuple[Any, Any]:
     hf.register()
     from transformers import AutoConfig, AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -271,7 +293,8 @@ def _load(path: str, attn_implementation: str) -> tuple[Any, Any]:
 
 
 def load_model(model: str | Path | None = None) -> tuple[Any, Any]:
-    """The model with **our** attention: ``(model, tokenizer)``, loaded once per process and folder.
+    """The model with **our** attention: ``(model, tokenizer)``, loaded once and kept among the
+    :data:`LOADED_MAX` most recently used (model, attention) pairs.
 
     ``model``: ``None`` for the bundled all-MiniLM-L6-v2 (a ``BertModel``), or a local checkpoint folder
     (loaded with ``AutoModel``: the base model, without a task head). Eval mode, float32,
@@ -489,8 +512,11 @@ def run_text(
 
     eager = diff_w = diff_h = None
     if compare:
-        with torch.no_grad(), hf.using(net, "eager"):
-            ref = net(**enc, output_attentions=materialise)
+        # the same weights loaded apart with transformers' eager attention: the shared model is never
+        # switched to eager in the middle of a call (another thread may be running it)
+        ref_net, _ = load_reference_model("eager", model)
+        with torch.no_grad():
+            ref = ref_net(**enc, output_attentions=materialise)
         if materialise:
             eager = torch.stack([a[0] for a in ref.attentions]).float()
             diff_w = float((attentions - eager).abs().max())

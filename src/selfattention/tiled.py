@@ -31,16 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._validation import (
-    broadcast_shapes,
-    check_bool,
-    check_dropout,
-    check_mask,
-    check_positive_int,
-    check_qkv,
-    resolve_scale,
-)
-from .functional import _empty_context
+from . import ops
+from ._validation import broadcast_shapes, check_bool, check_positive_int, parse_attention, symbolic
+from .functional import empty_context
 from .kernels import engine
 from .kernels.plan import make_plan
 from .kernels.stats import AttentionStats, sweep
@@ -110,21 +103,12 @@ def _lead_to_b(t: torch.Tensor, lead: tuple[int, ...], tail: int) -> torch.Tenso
 def _canonical(
     query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
 ) -> tuple[_Canon, float]:
-    batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)
+    args = parse_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
+    )
+    batch, q_len, k_len, scale, dropout_p = args.batch, args.q_len, args.k_len, args.scale, args.dropout_p
     vis_in = attn_mask if isinstance(attn_mask, Visibility) else None
-    if vis_in is not None:
-        if (vis_in.q_len, vis_in.k_len) != (q_len, k_len):
-            raise ValueError(
-                f"attn_mask is a Visibility for Tq={vis_in.q_len}, Tk={vis_in.k_len} but query/key have "
-                f"Tq={q_len}, Tk={k_len}"
-            )
-        attn_mask = vis_in.attn_mask
-    check_mask(attn_mask, batch, q_len, k_len, query.device)
-    dropout_p = check_dropout(dropout_p)
-    if not training:
-        dropout_p = 0.0
-    scale = resolve_scale(scale, query.shape[-1])
-    check_bool("is_causal", is_causal)
+    attn_mask = args.vis.attn_mask
     if window is not None:
         window = check_positive_int("window", window)
     q_doc, k_doc = _split_docs(document_ids, q_len, k_len)
@@ -172,11 +156,7 @@ def _canonical(
     if vis_in is not None:
         if vis_in.q_doc is not None and q_doc is not None:
             raise ValueError("document ids given twice: in the Visibility and as document_ids")
-        causal = is_causal or vis_in.is_causal
-        if is_causal and vis_in.q_offset not in (None, k_len - q_len):
-            raise ValueError(
-                "is_causal=True with a Visibility whose q_offset is not bottom-right: put causal in the Visibility"
-            )
+        causal = args.vis.is_causal  # is_causal merged into the Visibility by parse_attention
         if window is not None and vis_in.window is not None and window != vis_in.window:
             raise ValueError(f"window={window} but the Visibility has window={vis_in.window}")
         vis = Visibility(
@@ -285,14 +265,19 @@ def tiled_attention(
     tensor([[1.3395, 0.6605],
             [0.6605, 1.3395]])
     """
-    plain = None
-    if attn_mask is None and document_ids is None and kernel is None and dropout_seed is None:
-        plain = _plain_key(
-            query, key, value, dropout_p, is_causal, scale, enable_gqa, window, block_q, block_k
-        )
-        prob = _PLANS.get(plain) if plain is not None else None
-        if prob is not None:  # the same shapes, dtypes, devices and options as a call planned before
-            return engine.attention(query, key, value, prob, None)[0]
+    if symbolic():  # torch.compile / export / vmap / jit.trace: one registered op (selfattention.ops)
+        extra = {"window": window, "document_ids": document_ids, "block_q": block_q, "block_k": block_k,
+                 "dropout_seed": dropout_seed, "kernel": kernel}  # fmt: skip
+        given = [name for name, x in extra.items() if x is not None]
+        if given:
+            raise NotImplementedError(
+                f"tiled_attention's {', '.join(given)} under torch.compile/export/vmap/trace: pass a "
+                "Visibility (causal, window, offset) as attn_mask of selfattention.scaled_dot_product_attention"
+            )
+        return ops.attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
+            training=training, backend="tiled",
+        )  # fmt: skip
     c, dropout_p = _canonical(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
     )
@@ -301,60 +286,41 @@ def tiled_attention(
         raise TypeError(f"dropout_seed must be an int or None, got {type(dropout_seed).__name__}")
     tq, dv = c.vis.q_len, c.v.shape[-1]
     if tq == 0 or c.vis.k_len == 0 or c.q.shape[0] == 0 or c.q.shape[1] == 0:
-        out = _empty_context(query, key, value, (*c.batch, tq, dv))
+        out = empty_context(query, key, value, (*c.batch, tq, dv))
         return out.reshape(tq, dv) if c.unbatched else out
-    prob = engine.make_problem(
-        c.q, c.k, c.v, c.vis, c.scale, dropout_p=dropout_p, dropout_seed=dropout_seed,
-        mask_grad=c.mask is not None, kernel=kernel, block_q=bq, block_k=bk, defer_kv=_no_autograd(c),
-    )  # fmt: skip
-    if plain is not None and prob.dropout is None and c.mask is None and _as_given(c, query, key, value):
-        with _PLANS_LOCK:  # lookups need no lock; two threads must not evict the same entry
-            if len(_PLANS) >= _PLANS_MAX:
-                del _PLANS[next(iter(_PLANS))]  # the oldest
-            _PLANS[plain] = prob
+    defer = _no_autograd(c)
+    # Validation has run; a plain call (no mask, documents, dropout or autograd, kernel chosen by the
+    # engine) reuses the plan made for the same validated shapes and options
+    plain = defer and dropout_p == 0.0 and c.vis.attn_mask is None and c.vis.q_doc is None and kernel is None
+    key_ = _plan_key(c, bq, bk) if plain else None
+    prob = _PLANS.get(key_) if key_ is not None else None
+    if prob is None:
+        prob = engine.make_problem(
+            c.q, c.k, c.v, c.vis, c.scale, dropout_p=dropout_p, dropout_seed=dropout_seed,
+            mask_grad=c.mask is not None, kernel=kernel, block_q=bq, block_k=bk, defer_kv=defer,
+        )  # fmt: skip
+        if key_ is not None and prob.dropout is None:
+            with _PLANS_LOCK:  # lookups need no lock; two threads must not evict the same entry
+                if len(_PLANS) >= _PLANS_MAX:
+                    _PLANS.pop(next(iter(_PLANS)), None)  # the oldest
+                _PLANS[key_] = prob
     out, _ = engine.attention(c.q, c.k, c.v, prob, c.mask)
     return _shape_out(c, out, (tq, dv))
 
 
-#: Problems of plain calls, by :func:`_plain_key` (a model runs the same shapes in every layer and forward:
-#: validation and planning then cost nothing; at T = 256 they cost as much as a third of the kernel)
+#: Problems of plain calls, by :func:`_plan_key` of their *validated* arguments (a model runs the same
+#: shapes in every layer and forward: planning then costs nothing; validation runs on every call)
 _PLANS: dict[tuple, engine.Problem] = {}
 _PLANS_MAX = 64
 _PLANS_LOCK = threading.Lock()
 
 
-def _as_given(c: _Canon, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
-    """The canonical inputs are the caller's tensors as given (views of the same memory, same shapes and
-    strides), and the result needs no reshaping: then the cached path may hand them to the engine as they are."""
-    return tuple(c.batch) == tuple(query.shape[:-2]) and all(
-        a.shape == b.shape
-        and a.data_ptr() == b.data_ptr()
-        and all(n == 1 or x == y for n, x, y in zip(a.shape, a.stride(), b.stride(), strict=True))
-        for a, b in ((c.q, query), (c.k, key), (c.v, value))
-    )
-
-
-def _plain_key(query, key, value, dropout_p, is_causal, scale, enable_gqa, window, block_q, block_k):
-    """What a plain call's validation and plan depend on, or None if the call is not plain: plain tensors of
-    4 dims and one batch size, none empty, no dropout, no autograd (so nothing is scanned before the
-    kernel), and options of the right types (anything else takes the checked path, which explains it)."""
-    if not (type(query) is type(key) is type(value) is torch.Tensor):
-        return None
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4 or 0 in query.shape or 0 in key.shape:
-        return None
-    if query.shape[0] != key.shape[0] or value.shape[-1] == 0:
-        return None
-    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
-        return None
-    if type(dropout_p) not in (float, int) or dropout_p != 0 or type(is_causal) is not bool:
-        return None
-    if type(enable_gqa) is not bool or not (scale is None or type(scale) in (int, float)):
-        return None
-    if not all(x is None or type(x) is int for x in (window, block_q, block_k)):  # 2.0 == 2: check them
-        return None
+def _plan_key(c: _Canon, bq: int, bk: int) -> tuple:
+    """What the plan of a validated plain call depends on (every value here came out of validation)."""
+    v = c.vis
     return (
-        query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype, query.device, key.device,
-        value.device, is_causal, scale, enable_gqa, window, block_q, block_k,
+        tuple(c.q.shape), tuple(c.k.shape), tuple(c.v.shape), c.q.dtype, c.q.device,
+        v.is_causal, v.window, v.q_offset, c.scale, bq, bk,
     )  # fmt: skip
 
 
@@ -404,7 +370,7 @@ def tiled_attention_with_stats(
         tw = torch.zeros((b, h, tq, top_k), dtype=acc, device=query.device)
         ti = torch.full((b, h, tq, top_k), -1, dtype=torch.int64, device=query.device)
         cs = torch.zeros((b, h, tk), dtype=acc, device=query.device) if column_sums else None
-        out4 = _empty_context(query, key, value, (*c.batch, tq, dv))
+        out4 = empty_context(query, key, value, (*c.batch, tq, dv))
     else:
         prob = engine.make_problem(c.q, c.k, c.v, c.vis, c.scale, kernel=kernel, block_q=bq, block_k=bk)
         with torch.no_grad():

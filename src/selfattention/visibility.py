@@ -22,18 +22,35 @@ Tq = 2, Tk = 4, causal (bottom-right, positions 2 and 3) and the same with ``q_o
     query 1  1 1 1 1            query 1  1 1 0 0
 
 Documents: with ``q_doc``/``k_doc`` integer ids a query sees only keys of its own document (packed
-sequences). A dense ``attn_mask`` (bool True = attend, or float added to the scores, -inf = hidden) is
-ANDed with all of the above.
+sequences); with ``doc_offset`` set, each document's queries are aligned bottom-right on its own keys
+(flash-attn's varlen convention) instead of sharing the global positions. A dense ``attn_mask`` (bool
+True = attend, or float added to the scores, -inf = hidden) is ANDed with all of the above, and so is a
+:class:`Predicate`: a flex_attention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` (optionally with torch's
+``BlockMask`` table of full / partial / empty blocks) and an additive ``score_bias(b, h, q_idx, kv_idx)``.
+Whatever the constraints, :meth:`Visibility.tile` is the one function that turns them into the bias tile
+of a block, for every consumer (engine, exact kernel, statistics).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 
-__all__ = ["SKIP", "FULL", "PARTIAL", "visible", "same_document", "classify", "Visibility", "as_visibility"]
+__all__ = [
+    "SKIP",
+    "FULL",
+    "PARTIAL",
+    "visible",
+    "same_document",
+    "classify",
+    "Predicate",
+    "evaluate_mod",
+    "Visibility",
+    "as_visibility",
+]
 
 SKIP, FULL, PARTIAL = 0, 1, 2
 """Block kinds: no visible key (never computed), every key visible with no bias (no mask work), mixed."""
@@ -106,6 +123,159 @@ def _range_kinds(lo_q, hi_q, lo_k, hi_k) -> int:
     return PARTIAL
 
 
+# ---------------------------------------------------------------------------------------------------------
+# Programmable predicates (flex_attention's mask_mod and score_mod)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def index_tiles(
+    batch: int, heads: int, i0: int, i1: int, j0: int, j1: int, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The broadcast index tensors of a tile: b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (1, 1, R, 1) for rows
+    i0 … i1 − 1, kv_idx (1, 1, 1, C) for keys j0 … j1 − 1 (int64)."""
+    b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
+    h = torch.arange(heads, device=device).view(1, -1, 1, 1)
+    q = torch.arange(i0, i1, device=device).view(1, 1, -1, 1)
+    kv = torch.arange(j0, j1, device=device).view(1, 1, 1, -1)
+    return b, h, q, kv
+
+
+_VMAP_DIMS = ((None, None, None, 0), (None, None, 0, None), (None, 0, None, None), (0, None, None, None))
+
+
+def evaluate_mod(
+    fn: Callable, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, score=None
+) -> torch.Tensor:
+    """``fn(b, h, q_idx, kv_idx)`` (a mask_mod) or ``fn(score, b, h, q_idx, kv_idx)`` (a score_mod) on the
+    index tensors of :func:`index_tiles`: 4-D, broadcastable to (B, H, R, C).
+
+    A mod written with element-wise tensor ops runs once on the broadcast tensors; one that is not
+    broadcast-friendly (Python control flow on a value, ``.item()``, a result of the wrong shape) is run
+    element by element under ``torch.vmap``, as torch's own ``create_mask`` does."""
+    shape = (b.shape[0], h.shape[1], q.shape[2], kv.shape[3])
+    args = (b, h, q, kv) if score is None else (score, b, h, q, kv)
+    try:
+        out = fn(*args)
+        if isinstance(out, torch.Tensor) and out.dim() <= 4:
+            if torch.broadcast_shapes(out.shape, shape) == shape:
+                return out.reshape((1,) * (4 - out.dim()) + tuple(out.shape))
+    except Exception:  # not broadcast-friendly: element by element below (a real error re-raises there)
+        pass
+    f = fn
+    prefix = () if score is None else (0,)
+    for dims in _VMAP_DIMS:
+        f = torch.vmap(f, in_dims=prefix + dims)
+    flat = (b.flatten(), h.flatten(), q.flatten(), kv.flatten())
+    if score is None:
+        return f(*flat)
+    return f(score.expand(shape), *flat)
+
+
+@dataclass(frozen=True, eq=False)
+class Predicate:
+    """A programmable part of a :class:`Visibility`: flex_attention's ``mask_mod`` and an additive score
+    bias, on absolute indices (b over the flattened batch, h over the query heads, q_idx the query row,
+    kv_idx the key).
+
+    Args:
+        mask_mod: ``(b, h, q_idx, kv_idx) -> bool`` (True = attend), or None.
+        batch, heads: B and H of the index tensors handed to the mods.
+        block_kinds: int8 (b, h, n_q_blocks, n_kv_blocks) of :data:`SKIP` / :data:`FULL` / :data:`PARTIAL`
+            (torch's ``BlockMask`` tables; b ∈ {1, B}, h ∈ {1, H}): an entry is visible iff its block is
+            FULL, or PARTIAL and ``mask_mod`` says so (the meaning of a ``BlockMask`` in torch's kernels).
+        block_size: (rows, keys) of those blocks.
+        score_bias: ``(b, h, q_idx, kv_idx) -> float`` added to the scaled scores, or None.
+    """
+
+    mask_mod: Callable | None = None
+    batch: int = 1
+    heads: int = 1
+    block_kinds: torch.Tensor | None = field(default=None, repr=False)
+    block_size: tuple[int, int] = (128, 128)
+    score_bias: Callable | None = None
+
+    def _indices(self, i0: int, i1: int, j0: int, j1: int, device):
+        return index_tiles(self.batch, self.heads, i0, i1, j0, j1, device)
+
+    def shown(self, i0: int, i1: int, j0: int, j1: int, device) -> torch.Tensor | None:
+        """Bool (b, h, R, C) broadcastable to (B, H, R, C): True where the tile's entries are visible;
+        None when nothing is hidden by this predicate."""
+        out = None
+        if self.mask_mod is not None:
+            out = evaluate_mod(self.mask_mod, *self._indices(i0, i1, j0, j1, device))
+            if out.dtype != torch.bool:
+                raise TypeError(f"mask_mod must return a bool tensor, got dtype {out.dtype}")
+        if self.block_kinds is not None:
+            bq, bk = self.block_size
+            kinds = self.block_kinds.to(device)
+            rows = torch.arange(i0, i1, device=device) // bq
+            cols = torch.arange(j0, j1, device=device) // bk
+            kinds = kinds[:, :, rows][..., cols]  # (b, h, R, C)
+            full = kinds == FULL
+            part = kinds == PARTIAL
+            out = full | part if out is None else full | (part & out)
+        return out
+
+    def bias(self, i0: int, i1: int, j0: int, j1: int, dtype: torch.dtype, device) -> torch.Tensor | None:
+        """The additive score bias of the tile, (b, h, R, C) broadcastable to (B, H, R, C), or None."""
+        if self.score_bias is None:
+            return None
+        return evaluate_mod(self.score_bias, *self._indices(i0, i1, j0, j1, device)).to(dtype)
+
+    def kinds(
+        self, row_blocks: list[tuple[int, int]], col_blocks: list[tuple[int, int]], device
+    ) -> torch.Tensor:
+        """Kinds (n_row_blocks, n_col_blocks) int8 over every batch entry and head of the mask part
+        (the score bias does not count here)."""
+        kinds = torch.full((len(row_blocks), len(col_blocks)), FULL, dtype=torch.int8)
+        if self.mask_mod is None and self.block_kinds is None:
+            return kinds
+        bq, bk = self.block_size
+        tk = col_blocks[-1][1] if col_blocks else 0
+        if self.block_kinds is not None and _on_grid(row_blocks, bq) and _on_grid(col_blocks, bk):
+            t = self.block_kinds
+            skip, full = (t == SKIP).flatten(0, 1).all(0), (t == FULL).flatten(0, 1).all(0)
+            ri = [i0 // bq for i0, _ in row_blocks]
+            ci = [j0 // bk for j0, _ in col_blocks]
+            skip, full = skip[ri][:, ci], full[ri][:, ci]
+            kinds = torch.where(full, FULL, torch.where(skip, SKIP, PARTIAL)).to(torch.int8)
+            return kinds
+        step = max(1, (1 << 22) // max(1, (row_blocks[0][1] - row_blocks[0][0]) * self.batch * self.heads))
+        for a, (i0, i1) in enumerate(row_blocks):
+            anyc = torch.zeros(tk, dtype=torch.bool)
+            allc = torch.zeros(tk, dtype=torch.bool)
+            for j0 in range(0, tk, step):
+                j1 = min(tk, j0 + step)
+                m = self.shown(i0, i1, j0, j1, device)
+                m = m.expand(self.batch, self.heads, i1 - i0, j1 - j0)
+                anyc[j0:j1] = m.any(dim=(0, 1, 2)).cpu()
+                allc[j0:j1] = m.all(dim=(0, 1, 2)).cpu()
+            for c, (j0, j1) in enumerate(col_blocks):
+                if not bool(anyc[j0:j1].any()):
+                    kinds[a, c] = SKIP
+                elif not bool(allc[j0:j1].all()):
+                    kinds[a, c] = PARTIAL
+        return kinds
+
+
+def _on_grid(blocks: list[tuple[int, int]], size: int) -> bool:
+    """Whether the blocks are exactly the grid of ``size`` (the last one may be short)."""
+    return all(a == n * size and (b - a == size or n == len(blocks) - 1) for n, (a, b) in enumerate(blocks))
+
+
+def _doc_local(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index inside its run, length of its run) of every position of (b, T) ids, runs of equal ids."""
+    t = ids.shape[-1]
+    pos = torch.arange(t, device=ids.device).expand_as(ids)
+    change = torch.ones_like(ids, dtype=torch.bool)
+    change[..., 1:] = ids[..., 1:] != ids[..., :-1]
+    start = torch.where(change, pos, torch.zeros_like(pos)).cummax(dim=-1).values
+    last = torch.ones_like(change)
+    last[..., :-1] = change[..., 1:]
+    end = torch.where(last, pos, torch.full_like(pos, t)).flip(-1).cummin(dim=-1).values.flip(-1)
+    return pos - start, end - start + 1
+
+
 @dataclass(frozen=True, eq=False)
 class Visibility:
     """Which keys each query may see, without materialising the (Tq, Tk) matrix.
@@ -137,6 +307,8 @@ class Visibility:
     q_doc: torch.Tensor | None = field(default=None, repr=False)
     k_doc: torch.Tensor | None = field(default=None, repr=False)
     attn_mask: torch.Tensor | None = field(default=None, repr=False)
+    mod: Predicate | None = field(default=None, repr=False)
+    doc_offset: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("q_len", "k_len"):
@@ -153,6 +325,13 @@ class Visibility:
             raise TypeError(f"Visibility: q_offset must be an int or None, got {type(o).__name__}")
         if (self.q_doc is None) != (self.k_doc is None):
             raise ValueError("Visibility: give both q_doc and k_doc, or neither")
+        d = self.doc_offset
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int)):
+            raise TypeError(f"Visibility: doc_offset must be an int or None, got {type(d).__name__}")
+        if d is not None and self.q_doc is None:
+            raise ValueError("Visibility: doc_offset needs document ids (q_doc, k_doc)")
+        if self.mod is not None and not isinstance(self.mod, Predicate):
+            raise TypeError(f"Visibility: mod must be a Predicate or None, got {type(self.mod).__name__}")
 
     # ------------------------------------------------------------------ properties
     @property
@@ -164,6 +343,11 @@ class Visibility:
     def structural(self) -> bool:
         """Whether positions matter (causal or a window)."""
         return self.is_causal or self.window is not None
+
+    @property
+    def restricts(self) -> bool:
+        """Whether anything may hide a key or add to a score (else every key is visible, unbiased)."""
+        return self.structural or self.q_doc is not None or self.attn_mask is not None or self.mod is not None
 
     @property
     def has_mask(self) -> bool:
@@ -208,6 +392,11 @@ class Visibility:
                 if t is not None:
                     device = t.device
                     break
+        if self.doc_offset is not None or self.mod is not None:  # the tile of everything, (b, h, Tq, Tk)
+            tile = self.tile(0, self.q_len, 0, self.k_len, torch.float32, device or "cpu")
+            if tile is None:
+                return torch.ones(self.q_len, self.k_len, dtype=torch.bool, device=device)
+            return tile != -math.inf
         out = self.structure(device)
         if self.q_doc is not None:
             docs = same_document(self.q_doc, self.k_doc)  # (b, Tq, Tk)
@@ -225,6 +414,11 @@ class Visibility:
         """The float part of ``attn_mask`` (added to the scores), or None."""
         m = self.attn_mask
         return m if m is not None and m.is_floating_point() else None
+
+    def dense_bias(self, dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor | None:
+        """Everything added to the scores, dense: 0 / the float mask / the score bias where visible, −inf
+        where hidden; (b, h, Tq, Tk) broadcastable to the scores; None when nothing is hidden or added."""
+        return self.tile(0, self.q_len, 0, self.k_len, dtype, device or "cpu")
 
     # ------------------------------------------------------------------ blocks
     def rows_seen(self) -> tuple[int, int]:
@@ -247,6 +441,8 @@ class Visibility:
         kind = classify(
             self.offset + i0, self.offset + i1 - 1, j0, j1 - 1, causal=self.is_causal, window=self.window
         )
+        if self.doc_offset is not None and self.structural:
+            kind = PARTIAL  # positions are per document: the global classification does not apply
         if kind != SKIP and self.q_doc is not None:
             qd, kd = self.q_doc[..., i0:i1], self.k_doc[..., j0:j1]
             doc = _range_kinds(int(qd.min()), int(qd.max()), int(kd.min()), int(kd.max()))
@@ -276,7 +472,13 @@ class Visibility:
         struct_kind = classify(
             self.offset + i0, self.offset + i1 - 1, j0, j1 - 1, causal=self.is_causal, window=self.window
         )
-        if structure and self.structural and struct_kind != FULL:
+        if structure and self.structural and self.doc_offset is not None:
+            # each document's queries bottom-right on its own keys (+ doc_offset)
+            ql, qn = (t[:, i0:i1, None] for t in _doc_local(self.q_doc))  # (b, R, 1)
+            kl, kn = (t[:, None, j0:j1] for t in _doc_local(self.k_doc))  # (b, 1, C)
+            hide = ~visible(ql + kn - qn + self.doc_offset, kl, causal=self.is_causal, window=self.window)
+            hide = hide[:, None]  # (b, 1, R, C); pairs of different documents are hidden below
+        elif structure and self.structural and struct_kind != FULL:
             q_pos = torch.arange(i0, i1, device=device)[:, None] + self.offset
             k_pos = torch.arange(j0, j1, device=device)[None, :]
             hide = ~visible(q_pos, k_pos, causal=self.is_causal, window=self.window)
@@ -297,6 +499,13 @@ class Visibility:
                     hide = ~blk if hide is None else hide | ~blk
             elif bool((blk != 0).any()):
                 add = blk.to(dtype)
+        if self.mod is not None:
+            shown = self.mod.shown(i0, i1, j0, j1, device)
+            if shown is not None:
+                hide = ~shown if hide is None else hide | ~shown
+            extra = self.mod.bias(i0, i1, j0, j1, dtype, device)
+            if extra is not None:
+                add = extra if add is None else add + extra
         if hide is None and add is None:
             return None
         neg = torch.full((), -math.inf, dtype=dtype, device=device)
@@ -311,6 +520,11 @@ class Visibility:
         and head: SKIP where it hides every key, FULL where it shows every key with no bias, else PARTIAL."""
         m = self.attn_mask
         kinds = torch.full((len(row_blocks), len(col_blocks)), FULL, dtype=torch.int8)
+        if self.mod is not None:
+            device = m.device if m is not None else (self.q_doc.device if self.q_doc is not None else "cpu")
+            kinds = self.mod.kinds(row_blocks, col_blocks, device)
+            if self.mod.score_bias is not None:  # a biased block is never plain
+                kinds = torch.where(kinds == FULL, PARTIAL, kinds).to(torch.int8)
         if m is None:
             return kinds
         if m.dtype == torch.bool:
@@ -327,7 +541,7 @@ class Visibility:
                 cs = slice(j0, j1) if any_row.shape[0] != 1 else slice(None)
                 if not bool(any_row[cs].any()):
                     kinds[a, c] = SKIP
-                elif not bool(all_row[cs].all()):
+                elif not bool(all_row[cs].all()) and kinds[a, c] == FULL:
                     kinds[a, c] = PARTIAL
         return kinds
 

@@ -23,13 +23,13 @@ def _split_sizes(total: int, parts: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(parts)]
 
 
-def _check_layout(layout: str) -> str:
+def check_layout(layout: str) -> str:
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     return layout
 
 
-def _segments(lengths: Sequence[int], rank: int, layout: str) -> list[tuple[int, int, int]]:
+def segments(lengths: Sequence[int], rank: int, layout: str) -> list[tuple[int, int, int]]:
     """The runs of consecutive global positions a rank holds: [(local_start, global_start, length)]."""
     n = len(lengths)
     if layout == "contiguous":
@@ -57,9 +57,9 @@ def sequence_positions(total: int, world_size: int, rank: int, layout: str = "co
     >>> sequence_positions(10, 4, 3)
     tensor([8, 9])
     """
-    _check_layout(layout)
+    check_layout(layout)
     lengths = _local_lengths(total, world_size, layout)
-    segs = _segments(lengths, rank, layout)
+    segs = segments(lengths, rank, layout)
     if not segs:
         return torch.zeros(0, dtype=torch.long)
     return torch.cat([torch.arange(g, g + n) for _, g, n in segs])
@@ -99,7 +99,7 @@ def shard_sequence(
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     _check_world(world_size, rank)
-    _check_layout(layout)
+    check_layout(layout)
     if layout == "contiguous":
         return torch.tensor_split(x, world_size, dim=dim)[rank].clone()
     chunks = torch.tensor_split(x, 2 * world_size, dim=dim)
@@ -117,7 +117,7 @@ def unshard_sequence(
     >>> torch.equal(unshard_sequence(parts, "zigzag"), x)
     True
     """
-    _check_layout(layout)
+    check_layout(layout)
     if not isinstance(parts, Sequence) or not parts or not all(isinstance(p, torch.Tensor) for p in parts):
         raise TypeError("parts must be a non-empty sequence of tensors, one per rank in rank order")
     if layout == "contiguous":
@@ -125,7 +125,7 @@ def unshard_sequence(
     n = len(parts)
     lengths = [p.shape[dim] for p in parts]
     sizes = _split_sizes(sum(lengths), 2 * n)
-    _segments(lengths, 0, "zigzag")  # validates the lengths
+    segments(lengths, 0, "zigzag")  # validates the lengths
     chunks: list[torch.Tensor] = [parts[0]] * (2 * n)
     for r, p in enumerate(parts):
         chunks[r], chunks[2 * n - 1 - r] = torch.split(p, [sizes[r], sizes[2 * n - 1 - r]], dim=dim)
@@ -140,7 +140,7 @@ def gather_sequence(
     Every other dim must agree across ranks. Costs a full copy of the sequence on every rank: meant for
     checking and for small outputs, not for the long sequences ring attention exists for.
     """
-    _check_layout(layout)
+    check_layout(layout)
     world = dist.get_world_size(group)
     d = dim % local.dim()
     length = torch.tensor([local.shape[d]], dtype=torch.long, device=local.device)

@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 from torch.autograd.function import once_differentiable
 
-from .._validation import all_finite, check_positive_int, check_qkv, resolve_scale
+from .._validation import all_finite, check_positive_int, parse_attention
 from ..kernels import engine
 from ..kernels.merge import merge_into
 from ..visibility import PARTIAL, SKIP, Visibility, classify
-from .layout import LAYOUTS, _check_layout, _segments
+from .layout import LAYOUTS, check_layout, segments
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -344,10 +344,9 @@ def ring_attention(
         )
     if group is not None and dist.get_rank(group) < 0:
         raise ValueError("ring_attention: this process is not a member of the given group")
-    batch, _, _ = check_qkv(query, key, value, enable_gqa=enable_gqa)
-    _check_layout(layout)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    args = parse_attention(query, key, value, None, 0.0, is_causal, scale, enable_gqa=enable_gqa)
+    batch, scale = args.batch, args.scale
+    check_layout(layout)
     if block_size is not None:
         check_positive_int("block_size", block_size)
     if stats is not None and not isinstance(stats, RingStats):
@@ -362,7 +361,6 @@ def ring_attention(
             f"{tuple(query.shape)}, key {tuple(key.shape)}"
         )
     d, dv = query.shape[-1], value.shape[-1]
-    scale = resolve_scale(scale, d)
 
     meta = [
         query.shape[-2],
@@ -398,7 +396,7 @@ def ring_attention(
 
     block = block_size or max(1, max(q_lens + k_lens))
     off = k_total - q_total  # bottom-right: query i of the full sequence at key position Tk - Tq + i
-    q_segs = [(local, glob + off, n) for local, glob, n in _segments(q_lens, rank, layout)]
+    q_segs = [(local, glob + off, n) for local, glob, n in segments(q_lens, rank, layout)]
     plan = _Plan(
         ring=_Ring(group, stats),
         scale=scale,
@@ -406,7 +404,7 @@ def ring_attention(
         q_lens=q_lens,
         k_lens=k_lens,
         q_segs=q_segs,
-        k_segs=[_segments(k_lens, r, layout) for r in range(len(k_lens))],
+        k_segs=[segments(k_lens, r, layout) for r in range(len(k_lens))],
         k_batch=tuple(_as4(key[..., :0, :0]).shape[:2]),
         d=d,
         dv=dv,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from .._validation import all_finite as _finite
+from .._validation import batched, symbolic
 from ..visibility import Visibility
 from . import exact, vendor
 from .exact import Dropout
@@ -310,13 +311,25 @@ def backward(
     lse: torch.Tensor,
     prob: Problem,
     mask: torch.Tensor | None = None,
+    dlse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(dq, dk, dv, dmask) in the compute dtype; ``dmask`` (the shape of ``mask``, the canonical 4-D float
-    mask) only when the problem has ``mask_grad``."""
+    mask) only when the problem has ``mask_grad``. ``dlse`` (B, H, Tq): the gradient reaching the
+    log-sum-exp as well (then dS = P ∘ (dO Vᵀ − δ + dℓ))."""
     b = q.shape[0]
     blind = lse == -math.inf
     if bool(blind.any()):
         dout = torch.where(blind[..., None], torch.zeros((), dtype=dout.dtype, device=dout.device), dout)
+    if dlse is not None:
+        # both kernels take δ = rowsum(dO ∘ O): one more value column (0) with dO = 1 and O = −dℓ turns
+        # it into δ − dℓ, which is the gradient through ℓ (∂ℓᵢ/∂sᵢⱼ = Pᵢⱼ); that column's dV is dropped
+        dv_width = v.shape[-1]
+        dl = torch.where(blind, torch.zeros((), dtype=dlse.dtype, device=dlse.device), dlse)
+        v = torch.cat([v, v.new_zeros((*v.shape[:-1], 1))], dim=-1)
+        out = torch.cat([out, -dl.to(out.dtype)[..., None]], dim=-1)
+        dout = torch.cat([dout, (~blind).to(dout.dtype)[..., None]], dim=-1)
+        dq, dk, dv, dmask = backward(dout, q, k, v, out, lse, prob, mask)
+        return dq, dk, dv[..., :dv_width], dmask
     calls = prob.plan.calls
     if (
         prob.kernel == "vendor"
@@ -406,19 +419,29 @@ class _Attention(torch.autograd.Function):
         out, lse, prob = _checked_forward(q, k, v, prob)
         ctx.save_for_backward(q, k, v, mask, out, lse)
         ctx.prob = prob
-        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
         return out.to(q.dtype), lse
 
     @staticmethod
-    def backward(ctx, dout, _dlse):  # type: ignore[override]
+    def backward(ctx, dout, dlse):  # type: ignore[override]
         q, k, v, mask, out, lse = ctx.saved_tensors
         prob: Problem = ctx.prob
-        if torch.is_grad_enabled():  # create_graph=True: the spec's differentiable math, exact
+        if dout is None:  # only the log-sum-exp reaches the loss
+            dout = out.new_zeros(out.shape)
+        # create_graph=True, or a batched backward (is_grads_batched, torch.func): the spec's differentiable
+        # math, exact (the fused kernels have neither a derivative nor a batching rule)
+        if torch.is_grad_enabled() or symbolic() or batched(dout):
+            if dlse is not None and (batched(dlse) or bool(dlse.any())):
+                raise RuntimeError(
+                    "double or batched backward through the log-sum-exp of the block engine is not supported"
+                )
             return (*_spec_grads(ctx, q, k, v, mask, dout), None)
+        if dlse is not None and not bool(dlse.any()):
+            dlse = None
         c = prob.compute
         dq, dk, dv, dmask = backward(
             dout.to(c).contiguous(), q.to(c).contiguous(), k.to(c).contiguous(), v.to(c).contiguous(),
-            out, lse, prob, mask,
+            out, lse, prob, mask, None if dlse is None else dlse.to(lse.dtype),
         )  # fmt: skip
         if dmask is not None and mask is not None:
             dmask = dmask.to(mask.dtype)

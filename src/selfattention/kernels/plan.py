@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from ..visibility import FULL, PARTIAL, SKIP, Visibility
 
-__all__ = ["Call", "Plan", "make_plan"]
+__all__ = ["Call", "Plan", "make_plan", "row_spans"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,8 @@ def make_plan(vis: Visibility, block_q: int, block_k: int, *, every_tile: bool =
         return plan
     if every_tile and vis.attn_mask is not None:
         return _generic(vis, block_q, block_k, plan, every_tile=True)
+    if vis.mod is not None:  # a mask_mod / score bias: blocks classified by evaluating it
+        return _generic(vis, block_q, block_k, plan, every_tile=vis.mod.score_bias is not None)
     if vis.q_doc is None and _row_independent(vis):
         plan.calls = _structural(vis, 0, 0, tq, tk, block_q, vis.attn_mask is not None)
         plan.strategy = "single" if not vis.structural else ("window" if vis.window else "causal")
@@ -207,9 +209,8 @@ def _documents(vis: Visibility, bq: int) -> list[Call]:
         if d not in k_runs:
             continue  # these queries see no key
         c, e = k_runs[d]
-        sub = Visibility(
-            b - a, e - c, is_causal=vis.is_causal, window=vis.window, q_offset=vis.offset + a - c
-        )
+        off = vis.offset + a - c if vis.doc_offset is None else (e - c) - (b - a) + vis.doc_offset
+        sub = Visibility(b - a, e - c, is_causal=vis.is_causal, window=vis.window, q_offset=off)
         docs.append((a, c, b - a, e - c, _structural(sub, 0, 0, b - a, e - c, bq, False)))
     calls: list[Call] = []
     i = 0
@@ -237,29 +238,94 @@ def _documents(vis: Visibility, bq: int) -> list[Call]:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _generic(vis: Visibility, bq: int, bk: int, plan: Plan, *, every_tile: bool) -> Plan:
+def _grid(vis: Visibility, bq: int, bk: int):
+    """Row blocks, column blocks and, per row block, the kind of each of its blocks."""
     tq, tk = vis.q_len, vis.k_len
     rows = [(i, min(tq, i + bq)) for i in range(0, tq, bq)]
     cols = [(j, min(tk, j + bk)) for j in range(0, tk, bk)]
     mkinds = vis.mask_kinds(rows, cols)
+    table = []
     for a, (i0, i1) in enumerate(rows):
-        run: list[tuple[int, int, int]] = []
+        kinds = []
         for c, (j0, j1) in enumerate(cols):
             kind = SKIP if int(mkinds[a, c]) == SKIP else vis.kind(i0, i1, j0, j1)
             if kind != SKIP and int(mkinds[a, c]) == PARTIAL:
                 kind = PARTIAL
-            if kind == SKIP:
-                _flush(plan.calls, i0, i1, run, every_tile)
-                run = []
+            kinds.append(kind)
+        table.append(kinds)
+    return rows, cols, table
+
+
+def row_spans(vis: Visibility, bq: int, bk: int) -> list[tuple[int, int, int, int]]:
+    """(i0, i1, c0, c1) per block of ``bq`` query rows that sees any key: the keys from its first to its
+    last non-skipped block of ``bk`` keys (for kernels that take one span of keys per row block)."""
+    if vis.q_len == 0 or vis.k_len == 0:
+        return []
+    rows, cols, table = _grid(vis, bq, bk)
+    out = []
+    for (i0, i1), kinds in zip(rows, table, strict=True):
+        seen = [c for c, kind in enumerate(kinds) if kind != SKIP]
+        if seen:
+            out.append((i0, i1, cols[seen[0]][0], cols[seen[-1]][1]))
+    return out
+
+
+def _generic(vis: Visibility, bq: int, bk: int, plan: Plan, *, every_tile: bool) -> Plan:
+    rows, cols, table = _grid(vis, bq, bk)
+    last: dict[tuple[int, int, bool], int] = {}  # segment of the previous row block → index of its call
+    for (i0, i1), kinds in zip(rows, table, strict=True):
+        here: dict[tuple[int, int, bool], int] = {}
+        for seg in _segments(cols, kinds, every_tile):
+            n = last.get(seg)
+            prev = plan.calls[n] if n is not None else None
+            if (
+                prev is not None
+                and prev.r1 == i0
+                and (not seg[2] or (prev.rows + i1 - i0) * prev.cols <= _TILE_MAX)
+            ):
+                plan.calls[n] = replace(prev, rows=prev.rows + i1 - i0)  # the same keys as the rows above
+                here[seg] = n
             else:
-                run.append((j0, j1, kind))
-        _flush(plan.calls, i0, i1, run, every_tile)
+                here[seg] = len(plan.calls)
+                plan.calls.append(Call(i0, i1 - i0, seg[0], seg[1] - seg[0], tile=seg[2]))
+        last = here
     plan.strategy = "blocks"
     return plan
 
 
-def _flush(calls: list[Call], i0: int, i1: int, run: list[tuple[int, int, int]], every_tile: bool) -> None:
-    if not run:
-        return
-    tile = every_tile or any(kind != FULL for _, _, kind in run)
-    calls.append(Call(i0, i1 - i0, run[0][0], run[-1][1] - run[0][0], tile=tile))
+_TILE_MAX = 1 << 20
+"""Entries of a bias tile beyond which row blocks with the same keys are not merged into one call."""
+
+
+def _segments(cols: list[tuple[int, int]], kinds: list[int], every_tile: bool) -> list[tuple[int, int, bool]]:
+    """(first key, end key, needs a tile) of the calls of one row block: runs of non-skipped blocks, split
+    into runs of full blocks (no tile) and of partial ones (a lone full block joins its partial
+    neighbours: one call with a tile costs less than two calls and a merge)."""
+    groups: list[list] = []  # [tile, first block, last block]
+    for c, kind in enumerate(kinds):
+        if kind == SKIP:
+            groups.append(None)
+            continue
+        tile = every_tile or kind != FULL
+        g = groups[-1] if groups else None
+        if g is not None and g[0] == tile:
+            g[2] = c
+        else:
+            groups.append([tile, c, c])
+    runs = [g for g in groups if g is not None]
+    for n, g in enumerate(groups):  # a lone full block between partial ones (or at a run's end)
+        if g is None or g[0] or g[2] > g[1]:
+            continue
+        nb = [groups[m] for m in (n - 1, n + 1) if 0 <= m < len(groups) and groups[m] is not None]
+        if nb and all(x[0] for x in nb):
+            g[0] = True
+    out: list[tuple[int, int, bool]] = []
+    prev_end = None
+    for g in runs:
+        j0, j1 = cols[g[1]][0], cols[g[2]][1]
+        if out and out[-1][2] and g[0] and prev_end == g[1]:
+            out[-1] = (out[-1][0], j1, True)
+        else:
+            out.append((j0, j1, g[0]))
+        prev_end = g[2] + 1
+    return out

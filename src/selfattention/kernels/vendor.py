@@ -15,20 +15,30 @@ On CPU it computes bfloat16/float16 in float32: torch's fused CPU kernel in bflo
 2–3× as far from float64 as a naive bfloat16 computation, float32 is within it (this library's rule: ≤ 2×).
 
 The kernel is used only with ``is_causal`` on square calls on the diagonal, where top-left and bottom-right
-causal agree (the engine plans so). Every (device, dtype) is checked once against float64 math on a small
-problem (mask, causal, grouped heads, Dv ≠ D) before it is trusted; a failure is a reason, not a crash.
+causal agree (the engine plans so). Every (device, dtype) — the device with its index: two GPUs are two
+checks — is checked once against float64 math on a small problem (mask, causal, grouped heads, Dv ≠ D)
+before it is trusted; a failure is a reason, not a crash. The check runs no autograd (the float64
+gradients are written out), never inside graph capture, ``torch.compile``, tracing or a ``torch.func``
+transform (the kernel is trusted there and checked at the next ordinary call), and a check that *raised* (an out-of-memory, a
+driver hiccup) is retried after :data:`RETRY_SECONDS`; each failure warns with its reason.
 """
 
 from __future__ import annotations
 
 import math
+import time
+import warnings
 
 import torch
 import torch.nn.functional as tnf
 
-__all__ = ["forward", "backward", "unavailable", "compute_dtype"]
+__all__ = ["forward", "backward", "unavailable", "compute_dtype", "RETRY_SECONDS"]
 
-_CHECKED: dict[tuple[str, torch.dtype], str | None] = {}
+#: A self-check that raised (rather than disagreed) is tried again after this many seconds.
+RETRY_SECONDS = 60.0
+
+# (device type, device index, dtype) -> (reason or None, retry at: time.monotonic() value, or None = final)
+_CHECKED: dict[tuple[str, int | None, torch.dtype], tuple[str | None, float | None]] = {}
 
 
 def compute_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
@@ -42,15 +52,56 @@ def _cpu_op():
     return getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
+def _device_key(device: torch.device) -> tuple[str, int | None]:
+    index = device.index
+    if index is None and device.type == "cuda" and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+    return device.type, index
+
+
+def _capturing() -> bool:
+    """Inside torch.compile / export tracing, torch.jit tracing, a torch.func transform or a CUDA graph
+    capture."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return True
+    if torch._C._are_functorch_transforms_active():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     """None if the vendor kernel serves ``dtype`` on ``device``, else the reason it does not."""
-    key = (device.type, dtype)
-    if key not in _CHECKED:
-        _CHECKED[key] = _probe(device, dtype)
-    return _CHECKED[key]
+    key = (*_device_key(device), dtype)
+    hit = _CHECKED.get(key)
+    if hit is not None and (hit[1] is None or time.monotonic() < hit[1]):
+        return hit[0]
+    static = _static_reason(device, dtype)
+    if static is not None:
+        _CHECKED[key] = (static, None)
+        return static
+    if _capturing():  # no check inside a capture: trusted now, checked at the next ordinary call
+        return None
+    try:
+        with torch.no_grad():
+            err = _self_check(device, compute_dtype(device, dtype))
+    except Exception as e:  # a missing feature of this build, or a transient failure: retried later
+        why = f"the fused kernel failed its self-check on {device}/{dtype}: {type(e).__name__}: {e}"
+        _CHECKED[key] = (why, time.monotonic() + RETRY_SECONDS)
+        warnings.warn(
+            f"{why}; the exact kernel serves these calls, the check is retried in {RETRY_SECONDS:g} s",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return why
+    why = None
+    if err is not None:
+        why = f"the fused kernel disagreed with float64 math on {device}/{dtype} ({err})"
+        warnings.warn(f"{why}; the exact kernel serves these calls", RuntimeWarning, stacklevel=2)
+    _CHECKED[key] = (why, None)
+    return why
 
 
-def _probe(device: torch.device, dtype: torch.dtype) -> str | None:
+def _static_reason(device: torch.device, dtype: torch.dtype) -> str | None:
     if device.type == "cpu":
         if _cpu_op() is None:
             return f"this torch ({torch.__version__}) has no CPU flash-attention op"
@@ -61,16 +112,25 @@ def _probe(device: torch.device, dtype: torch.dtype) -> str | None:
             return "the CUDA fused kernels have no float64"
     else:
         return f"no fused attention kernel is wired for device type {device.type!r}"
-    try:
-        # the check differentiates its float64 oracle: it must run with autograd on even when the first
-        # call comes under no_grad / inference_mode (else the kernel would be judged broken for good)
-        with torch.inference_mode(False), torch.enable_grad():
-            err = _self_check(device, compute_dtype(device, dtype))
-    except Exception as e:  # a missing feature of this build: a reason, not a crash
-        return f"the fused kernel failed its self-check on {device.type}/{dtype}: {type(e).__name__}: {e}"
-    if err is not None:
-        return f"the fused kernel disagreed with float64 math on {device.type}/{dtype} ({err})"
     return None
+
+
+def _reference(q, k, v, do, bias, causal, scale, group):
+    """float64 output, log-sum-exp and gradients of softmax(q kᵀ·scale + bias) v, written out (no autograd):
+    dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − rowsum(dO ∘ O)), dQ = scale · dS K, dK = scale · dSᵀ Q (Dao 2023, Alg. 2)."""
+    kr, vr = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    s = (q @ kr.transpose(-1, -2)) * scale + bias
+    if causal:
+        t = s.shape[-1]
+        s = s.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - lse[..., None])
+    out = p @ vr
+    ds = p * (do @ vr.transpose(-1, -2) - (do * out).sum(-1, keepdim=True))
+    dq = (ds @ kr) * scale
+    dk = ((ds.transpose(-1, -2) @ q) * scale).unflatten(1, (k.shape[1], group)).sum(2)
+    dv = (p.transpose(-1, -2) @ do).unflatten(1, (k.shape[1], group)).sum(2)
+    return out, lse, dq, dk, dv
 
 
 def _self_check(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -78,8 +138,11 @@ def _self_check(device: torch.device, dtype: torch.dtype) -> str | None:
     Dv ≠ D) against float64 math; returns a description of the first disagreement, or None."""
     gen = torch.Generator().manual_seed(1234)
     b, h, hk, t, d, dv = 2, 4, 2, 37, 16, 8
-    q, k, v, do = (torch.randn(b, x, t, y, generator=gen) for x, y in ((h, d), (hk, d), (hk, dv), (h, dv)))
-    bias = torch.randn(b, 1, 1, t, generator=gen)
+    q, k, v, do = (
+        torch.randn(b, x, t, y, generator=gen, dtype=torch.float64)
+        for x, y in ((h, d), (hk, d), (hk, dv), (h, dv))
+    )
+    bias = torch.randn(b, 1, 1, t, generator=gen, dtype=torch.float64)
     bias[0, ..., 5] = -math.inf
     scale = 0.3
     tol = {torch.float64: 1e-9, torch.float32: 2e-4}.get(dtype, 3e-2)
@@ -88,22 +151,11 @@ def _self_check(device: torch.device, dtype: torch.dtype) -> str | None:
         bi = bias.to(device=device, dtype=dtype)
         out, lse = forward(*ins, bi, causal, scale)
         dq, dk, dv_ = backward(do.to(device=device, dtype=dtype), *ins, out, lse, bi, causal, scale)
-        q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
-        s = (q64 @ k64.repeat_interleave(2, 1).transpose(-1, -2)) * scale + bias.double()
-        if causal:
-            s = s.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
-        ref = torch.softmax(s, -1) @ v64.repeat_interleave(2, 1)
-        ref.backward(do.double())
-        checks = {
-            "output": (out, ref),
-            "log-sum-exp": (lse, torch.logsumexp(s, -1)),
-            "query gradient": (dq, q64.grad),
-            "key gradient": (dk, k64.grad),
-            "value gradient": (dv_, v64.grad),
-        }
-        for name, (got, want) in checks.items():
-            err = (got.detach().double().cpu() - want.detach()).abs().max().item()
-            if not err <= tol * (1 + want.detach().abs().max().item()):
+        want = _reference(q, k, v, do, bias, causal, scale, h // hk)
+        names = ("output", "log-sum-exp", "query gradient", "key gradient", "value gradient")
+        for name, got, ref in zip(names, (out, lse, dq, dk, dv_), want, strict=True):
+            err = (got.double().cpu() - ref).abs().max().item()
+            if not err <= tol * (1 + ref.abs().max().item()):
                 return f"{name}{' (causal)' if causal else ''}: max error {err:.3g}"
     return None
 

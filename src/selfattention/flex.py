@@ -1,0 +1,481 @@
+"""torch's flex_attention API on this library's block engine — forward **and backward** on CPU (and CUDA
+through torch ops), with one import changed::
+
+    from torch.nn.attention.flex_attention import flex_attention, create_block_mask   # before
+    from selfattention import flex_attention, create_block_mask                        # after
+
+Semantics are torch 2.13's (``torch.nn.attention.flex_attention``; Dong et al. 2024, "Flex Attention"):
+scores = scale · q·k, then ``score_mod(score, b, h, q_idx, kv_idx)``, then the block mask (a key is visible
+iff its block is full, or partial and ``mask_mod(b, h, q_idx, kv_idx)`` is True), softmax, values. The
+log-sum-exp is in natural log; a query row that sees no key gets output 0, lse −inf (and zero gradient).
+
+How it runs:
+
+* the mask: a :class:`BlockMask` from :func:`create_block_mask` over one of the ready mods of
+  :mod:`selfattention.mods` (causal at an offset, sliding windows, documents, packed sequences, and their
+  :func:`~selfattention.mods.and_masks`) is recognised and planned as today's fast structural plans; any
+  other mask_mod (and torch's own ``BlockMask``) is planned block by block from the BlockMask's tables:
+  full blocks through the fused kernel without a bias, partial blocks with their tile of the predicate,
+  empty blocks never computed;
+* the score mod: an additive bias (``mod(s, …) == s + mod(0, …)``, checked on a random probe tile, or a
+  ready mod that says so) that captures no tensor requiring grad becomes a bias tile of the fused kernel;
+  anything else runs in :mod:`selfattention.kernels.scored` (per query block, checkpointed), where
+  autograd reaches every tensor the mod closes over.
+
+Differences from torch's flex (documented, tested): the backward works on CPU; ``kernel_options`` keys are
+Triton tuning knobs, accepted and ignored (they do not change results), unknown keys raise;
+``max_scores`` is supported (torch raises on CPU) and sends the call to the score-mod kernel; the BlockMask
+must have been made for exactly (Q_LEN, KV_LEN).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+from torch.nn.attention.flex_attention import AuxOutput, AuxRequest, BlockMask
+
+from .kernels import engine, scored
+from .kernels.plan import row_spans
+from .mods import ScoreMod, and_masks, noop_mask, or_masks, visibility_fields
+from .visibility import FULL, PARTIAL, SKIP, Predicate, Visibility, evaluate_mod, index_tiles
+
+__all__ = [
+    "flex_attention",
+    "create_block_mask",
+    "create_mask",
+    "and_masks",
+    "or_masks",
+    "noop_mask",
+    "BlockMask",
+    "AuxRequest",
+    "AuxOutput",
+    "KERNEL_OPTIONS",
+    "FlexPlan",
+    "describe",
+]
+
+_LARGE = 1 << 30  # torch's block size of "no block mask"
+
+_TUNING = (
+    "num_warps", "num_stages", "BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2",
+    "PRESCALE_QK", "ROWS_GUARANTEED_SAFE", "BLOCKS_ARE_CONTIGUOUS", "WRITE_DQ", "FORCE_USE_FLEX_ATTENTION",
+    "USE_TMA", "kpack", "matrix_instr_nonkdim", "waves_per_eu",
+)  # fmt: skip
+KERNEL_OPTIONS = frozenset(
+    _TUNING + tuple(f"{p}_{k}" for p in ("fwd", "bwd") for k in _TUNING) + ("BACKEND",)
+)
+"""The ``kernel_options`` keys accepted (torch's FlexKernelOptions, also with ``fwd_``/``bwd_``): Triton
+tuning and backend choices that do not change results here, so they are no-ops. Others raise."""
+_BACKENDS = ("AUTO", "TRITON", "TRITON_DECODE", "FLASH")
+
+# BlockMasks made by create_block_mask from a recognised mod → its Visibility fields
+_STRUCTURE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Block masks
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _default_device(device):
+    if device is not None:
+        return torch.device(device)
+    acc = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
+    return torch.device(acc) if acc is not None else torch.device("cpu")
+
+
+def _check_mask_mod(mask_mod: Callable) -> None:
+    if not callable(mask_mod):
+        raise TypeError(
+            f"mask_mod must be callable (b, h, q_idx, kv_idx) -> bool, got {type(mask_mod).__name__}"
+        )
+
+
+def _sizes(B, H, Q_LEN, KV_LEN) -> tuple[int, int]:
+    for name, n in (("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)) + (("B", B), ("H", H)):
+        if n is None and name in ("B", "H"):
+            continue
+        if isinstance(n, bool) or not isinstance(n, int) or n < (0 if name.endswith("LEN") else 1):
+            raise ValueError(
+                f"{name} must be a positive int{' or None' if len(name) == 1 else ''}, got {n!r}"
+            )
+    return (1 if B is None else B), (1 if H is None else H)
+
+
+def create_mask(
+    mod_fn: Callable, B: int | None, H: int | None, Q_LEN: int, KV_LEN: int, device=None
+) -> torch.Tensor:
+    """The dense bool mask (B, H, Q_LEN, KV_LEN) of a mask_mod, or of a score_mod (True where it does not
+    give −inf), as torch's ``create_mask``; B/H None = 1."""
+    b_, h_ = _sizes(B, H, Q_LEN, KV_LEN)
+    idx = index_tiles(b_, h_, 0, Q_LEN, 0, KV_LEN, _default_device(device))
+    shape = (b_, h_, Q_LEN, KV_LEN)
+    if _positional_args(mod_fn) == 5:
+        zero = torch.zeros(shape, device=idx[0].device)
+        return ~torch.isneginf(evaluate_mod(mod_fn, *idx, score=zero)).expand(shape)
+    return evaluate_mod(mod_fn, *idx).expand(shape).clone()
+
+
+def _positional_args(fn) -> int:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return 4
+    return sum(
+        1
+        for p in params
+        if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+
+
+def _ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(num_blocks (…, rows), indices (…, rows, cols)) int32 of a 0/1 block table, listed blocks first."""
+    dense = dense.to(torch.int32)
+    return dense.sum(dim=-1).to(torch.int32), torch.argsort(dense, dim=-1, descending=True, stable=True).to(
+        torch.int32
+    )
+
+
+def create_block_mask(
+    mask_mod: Callable,
+    B: int | None,
+    H: int | None,
+    Q_LEN: int,
+    KV_LEN: int,
+    device=None,
+    BLOCK_SIZE: int | tuple[int, int] = 128,
+    _compile: bool = False,
+    separate_full_blocks: bool = True,
+    compute_dq_write_order: bool = False,
+    dq_kv_order: bool = True,
+) -> BlockMask:
+    """torch's ``create_block_mask``: the mask_mod evaluated per block on broadcast index tensors (b (B, 1,
+    1, 1), h (1, H, 1, 1), q_idx (1, 1, R, 1), kv_idx (1, 1, 1, C); ``torch.vmap`` when the mod is not
+    broadcast-friendly), each block of BLOCK_SIZE queries × keys classified full / partial / empty, as
+    **torch's own** :class:`BlockMask` (``to_dense()``, printing and torch's flex_attention work on it).
+    B/H None: the mask is the same for every batch entry / head. As in torch, a block cut by the end of the
+    sequence is never "full". ``_compile`` is accepted (nothing to compile here); ``compute_dq_write_order``
+    (metadata of torch's deterministic FLASH backward) is not supported.
+
+    >>> from selfattention.mods import causal_mask
+    >>> bm = create_block_mask(causal_mask, None, None, 256, 256, device="cpu")
+    >>> bm.to_dense()[0, 0].tolist(), bm.kv_num_blocks.tolist(), bm.full_kv_num_blocks.tolist()
+    ([[1, 0], [1, 1]], [[[1, 1]]], [[[0, 1]]])
+    """
+    _check_mask_mod(mask_mod)
+    if _positional_args(mask_mod) != 4:
+        raise TypeError("create_block_mask requires a mask_mod (b, h, q_idx, kv_idx), not a score_mod")
+    b_, h_ = _sizes(B, H, Q_LEN, KV_LEN)
+    bq, bk = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
+    for n in (bq, bk):
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ValueError(f"BLOCK_SIZE must be a positive int or a pair of them, got {BLOCK_SIZE!r}")
+    if compute_dq_write_order:
+        raise NotImplementedError(
+            "create_block_mask: compute_dq_write_order (torch's FLASH backend) is not supported"
+        )
+    device = _default_device(device)
+    nq, nk = -(-Q_LEN // bq), -(-KV_LEN // bk)
+    counts = torch.zeros((b_, h_, nq, nk), dtype=torch.int64)
+    step = max(bk, ((1 << 22) // max(1, bq * b_ * h_)) // bk * bk)
+    for a in range(nq):
+        i0, i1 = a * bq, min(Q_LEN, (a + 1) * bq)
+        for j0 in range(0, KV_LEN, step):
+            j1 = min(KV_LEN, j0 + step)
+            m = evaluate_mod(mask_mod, *index_tiles(b_, h_, i0, i1, j0, j1, device))
+            if m.dtype != torch.bool:
+                raise TypeError(f"mask_mod must return a bool tensor, got dtype {m.dtype}")
+            m = m.expand(b_, h_, i1 - i0, j1 - j0).sum(dim=2)  # (B, H, C): visible rows per key
+            pad = (-(j1 - j0)) % bk
+            m = torch.nn.functional.pad(m, (0, pad)).unflatten(-1, (-1, bk)).sum(-1)
+            counts[:, :, a, j0 // bk : j0 // bk + m.shape[-1]] = m.cpu()
+    full = counts == bq * bk
+    partial = (counts > 0) & ~full if separate_full_blocks else counts > 0
+    kv_num, kv_idx = _ordered(partial)
+    f_num, f_idx = _ordered(full) if separate_full_blocks else (None, None)
+    bm = BlockMask.from_kv_blocks(
+        kv_num.to(device), kv_idx.to(device), None if f_num is None else f_num.to(device),
+        None if f_idx is None else f_idx.to(device), BLOCK_SIZE=(bq, bk), mask_mod=mask_mod,
+        seq_lengths=(Q_LEN, KV_LEN),
+    )  # fmt: skip
+    fields = visibility_fields(mask_mod, Q_LEN, KV_LEN)
+    if fields is not None:
+        _STRUCTURE[bm] = fields
+    return bm
+
+
+def _block_kinds(bm: BlockMask) -> torch.Tensor:
+    """int8 (b, h, n_q_blocks, n_kv_blocks) SKIP / FULL / PARTIAL from a BlockMask's tables."""
+    idx, num = bm.kv_indices, bm.kv_num_blocks
+    kinds = torch.full(idx.shape, SKIP, dtype=torch.int8, device=idx.device)
+
+    def mark(num, idx, kind):
+        listed = torch.arange(idx.shape[-1], device=idx.device) < num[..., None]
+        kinds.scatter_(-1, idx.long(), torch.where(listed, kind, kinds.gather(-1, idx.long())).to(torch.int8))
+
+    mark(num, idx, PARTIAL)
+    if bm.full_kv_num_blocks is not None:
+        mark(bm.full_kv_num_blocks, bm.full_kv_indices, FULL)
+    return kinds.cpu()
+
+
+def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) -> tuple[Visibility, tuple]:
+    """The Visibility of a block mask for canonical (B, H, Tq, Tk), and the plan's block sizes."""
+    if bm is None or tuple(bm.BLOCK_SIZE) == (_LARGE, _LARGE):
+        return Visibility(tq, tk), (128, 512)
+    if not isinstance(bm, BlockMask):
+        raise TypeError(
+            f"block_mask must be a BlockMask (create_block_mask) or None, got {type(bm).__name__}"
+        )
+    if tuple(bm.seq_lengths) != (tq, tk):
+        raise ValueError(
+            f"block_mask was created for (Q_LEN, KV_LEN) = {tuple(bm.seq_lengths)} but query/key have "
+            f"q_len={tq}, kv_len={tk}: create a new block mask for these lengths"
+        )
+    if bm.kv_indices.dim() != 4:
+        raise ValueError(
+            f"block_mask must have 4-D tables (B, H, rows, cols), got {tuple(bm.kv_indices.shape)}"
+        )
+    bb, bh = bm.kv_indices.shape[:2]
+    if bb not in (1, b) or bh not in (1, h):
+        raise ValueError(
+            f"block_mask has (B, H) = ({bb}, {bh}); query has B={b}, H={h} (each must match or be 1)"
+        )
+    if bm.kv_num_blocks.device != device:
+        raise RuntimeError(f"q/k/v are on {device} but the block_mask is on {bm.kv_num_blocks.device}")
+    fields = _STRUCTURE.get(bm)
+    if fields is not None:
+        fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()}
+        return Visibility(tq, tk, **fields), (128, 512)
+    mod = None if bm.mask_mod is noop_mask else bm.mask_mod
+    pred = Predicate(mod, b, h, _block_kinds(bm), tuple(bm.BLOCK_SIZE))
+    return Visibility(tq, tk, mod=pred), tuple(bm.BLOCK_SIZE)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Score mods
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _BiasOf:
+    """An additive score_mod as the bias function (b, h, q_idx, kv_idx) of a Predicate."""
+
+    def __init__(self, score_mod: Callable) -> None:
+        self.score_mod = score_mod
+
+    def __call__(self, b, h, q_idx, kv_idx):
+        if isinstance(self.score_mod, ScoreMod):
+            return self.score_mod.bias(b, h, q_idx, kv_idx)
+        shape = (b.shape[0], h.shape[1], q_idx.shape[2], kv_idx.shape[3])
+        return evaluate_mod(self.score_mod, b, h, q_idx, kv_idx, score=torch.zeros(shape, device=b.device))
+
+
+def _as_bias(score_mod: Callable, b: int, h: int, tq: int, tk: int, device) -> Callable | None:
+    """The bias function of an additive score_mod whose captured tensors need no grad, else None.
+    Checked on a probe tile of random rows, keys and scores (an exact identity, not a tolerance)."""
+    if isinstance(score_mod, ScoreMod) and type(score_mod).bias is ScoreMod.bias:
+        return None  # a ready non-additive mod (softcap)
+    gen = torch.Generator().manual_seed(0)
+    rows = torch.randperm(tq, generator=gen)[:16].sort().values
+    cols = torch.randperm(tk, generator=gen)[:16].sort().values
+    idx = (
+        torch.arange(b, device=device).view(-1, 1, 1, 1),
+        torch.arange(h, device=device).view(1, -1, 1, 1),
+        rows.to(device).view(1, 1, -1, 1),
+        cols.to(device).view(1, 1, 1, -1),
+    )
+    shape = (b, h, rows.numel(), cols.numel())
+    s = (torch.randn(shape, generator=gen) * 8).to(device)
+    with torch.enable_grad():
+        bias = _BiasOf(score_mod)(*idx)
+        if not isinstance(bias, torch.Tensor) or bias.requires_grad:
+            return None  # it closes over a tensor that requires grad: autograd must see it
+        out = evaluate_mod(score_mod, *idx, score=s)
+    if out.requires_grad or not bias.is_floating_point():
+        return None
+    want = s + bias.to(s.dtype)
+    same = (out == want) | (torch.isnan(out) & torch.isnan(want))
+    close = torch.isclose(out, want, rtol=1e-6, atol=1e-6)
+    return _BiasOf(score_mod) if bool((same | close).all()) else None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# flex_attention
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _check_options(kernel_options) -> None:
+    if kernel_options is None:
+        return
+    if not isinstance(kernel_options, dict):
+        raise TypeError(f"kernel_options must be a dict or None, got {type(kernel_options).__name__}")
+    for key in ("OUTPUT_LOGSUMEXP", "OUTPUT_MAX"):
+        if key in kernel_options:
+            raise ValueError(f"kernel_options: {key} is set internally; use return_aux=AuxRequest(...)")
+    unknown = sorted(set(kernel_options) - KERNEL_OPTIONS)
+    if unknown:
+        raise ValueError(f"kernel_options: unknown keys {unknown} (known: torch's FlexKernelOptions)")
+    if "BACKEND" in kernel_options and kernel_options["BACKEND"] not in _BACKENDS:
+        raise ValueError(
+            f"kernel_options: BACKEND must be one of {_BACKENDS}, got {kernel_options['BACKEND']!r}"
+        )
+
+
+def _check_qkv(query, key, value, enable_gqa: bool) -> None:
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (B, H, T, D), got shape {tuple(t.shape)}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+    if not (query.dtype == key.dtype == value.dtype):
+        raise TypeError(
+            f"query, key, value must share a dtype, got {query.dtype}, {key.dtype}, {value.dtype}"
+        )
+    if not (query.device == key.device == value.device):
+        raise ValueError(
+            f"query, key, value must be on one device, got {query.device}, {key.device}, {value.device}"
+        )
+    if query.shape[-1] != key.shape[-1]:
+        raise ValueError(
+            f"query and key must have the same head_dim, got {query.shape[-1]} and {key.shape[-1]}"
+        )
+    if key.shape[:3] != value.shape[:3]:
+        raise ValueError(f"key {tuple(key.shape)} and value {tuple(value.shape)} must agree in (B, Hkv, S)")
+    hq, hk = query.shape[1], key.shape[1]
+    if not enable_gqa and hq != hk:
+        raise ValueError(f"query has {hq} heads but key/value {hk}: set enable_gqa=True for grouped heads")
+    if enable_gqa and hq % hk != 0:
+        raise ValueError(f"enable_gqa: query heads ({hq}) must be a multiple of key/value heads ({hk})")
+    if key.shape[0] not in (1, query.shape[0]):
+        raise ValueError(f"key/value batch {key.shape[0]} must be 1 or the query's {query.shape[0]}")
+
+
+def flex_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    score_mod: Callable | None = None,
+    block_mask: BlockMask | None = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    return_lse: bool = False,
+    kernel_options: dict | None = None,
+    *,
+    return_aux: AuxRequest | None = None,
+):
+    """torch's ``flex_attention`` (same signature and semantics) with a backward on every device.
+
+    Args:
+        query: (B, H, L, E); key: (B or 1, Hkv, S, E); value: (B or 1, Hkv, S, Ev); one floating dtype.
+        score_mod: ``(score, b, h, q_idx, kv_idx) -> score`` applied to the scaled scores, or None.
+        block_mask: from :func:`create_block_mask` (ours or torch's), or None (every key visible).
+        scale: None = 1/√E.
+        enable_gqa: H a multiple of Hkv (query head h uses key/value head h // (H / Hkv)).
+        return_lse: also return the log-sum-exp (B, H, L) (torch deprecates it for ``return_aux``).
+        kernel_options: torch's Triton knobs: accepted, no effect here (see :data:`KERNEL_OPTIONS`).
+        return_aux: ``AuxRequest(lse=..., max_scores=...)`` → ``(out, AuxOutput(lse, max_scores))``.
+
+    Returns:
+        out (B, H, L, Ev) in query's dtype; with lse / aux as torch returns them (natural log, float32 at
+        least; rows with no visible key: out 0, lse −inf, max −inf). Gradients reach query, key, value,
+        the lse's users and any tensor the score_mod closes over.
+
+    Raises:
+        TypeError, ValueError: bad shapes, dtypes, devices, a block mask for other lengths, unknown
+            kernel_options, both return_lse and return_aux.
+
+    >>> from selfattention.mods import causal_mask
+    >>> q = torch.tensor([[[[1.0, 0.0], [0.0, 1.0]]]])
+    >>> flex_attention(q, q, 2 * q, block_mask=create_block_mask(causal_mask, 1, 1, 2, 2, device="cpu"))
+    tensor([[[[2.0000, 0.0000],
+              [0.6605, 1.3395]]]])
+    """
+    _check_qkv(query, key, value, enable_gqa)
+    _check_options(kernel_options)
+    if return_lse and return_aux is not None:
+        raise ValueError("give return_lse or return_aux=AuxRequest(lse=True), not both")
+    if return_aux is not None and not isinstance(return_aux, AuxRequest):
+        raise TypeError(f"return_aux must be an AuxRequest or None, got {type(return_aux).__name__}")
+    if score_mod is not None and not callable(score_mod):
+        raise TypeError(f"score_mod must be callable or None, got {type(score_mod).__name__}")
+    b, h, tq, e = query.shape
+    tk = key.shape[2]
+    if scale is None:
+        scale = 1.0 / math.sqrt(e) if e > 0 else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
+        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    if key.shape[0] != b:
+        key, value = key.expand(b, *key.shape[1:]), value.expand(b, *value.shape[1:])
+    vis, (bq, bk) = _visibility(block_mask, b, h, tq, tk, query.device)
+    want_max = return_aux is not None and return_aux.max_scores
+    out, lse, mx = _run(query, key, value, vis, float(scale), score_mod, bq, bk, want_max)
+    if return_aux is not None:
+        return out, AuxOutput(lse=lse if return_aux.lse else None, max_scores=mx if want_max else None)
+    return (out, lse) if return_lse else out
+
+
+@dataclass(frozen=True)
+class FlexPlan:
+    """How :func:`flex_attention` computes a call: ``path`` ("engine": the block engine, the score_mod (if
+    any) as a bias tile of its kernel; "scored": the score-mod kernel), the engine's kernel, the plan's
+    strategy and its number of kernel calls (for "scored": row blocks)."""
+
+    path: str
+    kernel: str
+    strategy: str
+    calls: int
+
+
+def describe(query, key, value, score_mod=None, block_mask=None, scale=None, enable_gqa=False) -> FlexPlan:
+    """What :func:`flex_attention` would do with these arguments, without computing."""
+    _check_qkv(query, key, value, enable_gqa)
+    b, h, tq, e = query.shape
+    vis, (bq, bk) = _visibility(block_mask, b, h, tq, key.shape[2], query.device)
+    if score_mod is not None:
+        bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
+        if bias is None:
+            return FlexPlan("scored", "exact", "row spans", len(row_spans(vis, bq, min(bk, 512))))
+        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h)
+        vis = replace(vis, mod=replace(pred, score_bias=bias))
+    s = 1.0 / math.sqrt(e) if scale is None else float(scale)
+    prob = engine.make_problem(query, key.expand(b, *key.shape[1:]), value.expand(b, *value.shape[1:]), vis, s,
+                               block_q=bq, block_k=bk)  # fmt: skip
+    return FlexPlan("engine", prob.kernel, prob.plan.strategy, len(prob.plan.calls))
+
+
+def _run(query, key, value, vis, scale, score_mod, bq, bk, want_max):
+    b, h, tq, _ = query.shape
+    if tq == 0 or vis.k_len == 0 or b == 0 or h == 0 or query.shape[-1] == 0 or value.shape[-1] == 0:
+        return _empty(query, value, vis.k_len)
+    if score_mod is not None:
+        bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
+        if bias is None or want_max:
+            return scored.attention(
+                query, key, value, vis, scale, score_mod, block_q=bq, block_k=min(bk, 512)
+            )
+        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h)
+        vis = replace(vis, mod=replace(pred, score_bias=bias))
+    elif want_max:
+        return scored.attention(query, key, value, vis, scale, _identity, block_q=bq, block_k=min(bk, 512))
+    prob = engine.make_problem(query, key, value, vis, scale, block_q=bq, block_k=bk)
+    out, lse = engine.attention(query, key, value, prob)
+    return out, lse.to(torch.promote_types(query.dtype, torch.float32)), None
+
+
+def _identity(score, b, h, q_idx, kv_idx):
+    return score
+
+
+def _empty(query, value, tk):
+    b, h, tq, _ = query.shape
+    acc = torch.promote_types(query.dtype, torch.float32)
+    out = query.new_zeros((b, h, tq, value.shape[-1]))
+    lse = torch.full((b, h, tq), -math.inf, dtype=acc, device=query.device)
+    return out, lse, lse.clone()
