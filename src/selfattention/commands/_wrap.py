@@ -29,6 +29,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 
+from rich.cells import cell_len, get_character_cell_size
+
 __all__ = ["CLOSING", "OPENING", "cjk_words", "install", "is_cjk"]
 
 #: may not begin a line: they stay with the character before them
@@ -46,8 +48,6 @@ def is_cjk(ch: str) -> bool:
     >>> is_cjk("注"), is_cjk("，"), is_cjk("a"), is_cjk("→")
     (True, True, False, False)
     """
-    from rich.cells import get_character_cell_size
-
     return get_character_cell_size(ch) == 2
 
 
@@ -79,8 +79,6 @@ def cjk_words(text: str) -> Iterator[tuple[int, int, str]]:
 
 def _rstrip_end_cells(self, size: int) -> None:
     """``Text.rstrip_end`` measured in cells: drop trailing white space that goes beyond ``size`` cells."""
-    from rich.cells import cell_len
-
     excess = cell_len(self.plain) - size
     if excess > 0:
         trailing = len(self.plain) - len(self.plain.rstrip())
