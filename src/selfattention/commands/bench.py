@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import typer
+from rich.table import Table
 
 from ..i18n import N_, _
 from . import UsageError, console
@@ -42,13 +44,76 @@ _HELP = N_(
 )
 
 
+#: a case's mask as the summary shows it
+_MASKS = {
+    "dense": N_("none"),
+    "causal": N_("causal"),
+    "window": N_("window {window}"),
+    "documents": N_("{documents} documents"),
+    "stats": N_("causal, stats"),
+}
+
+
+def summary_table(result: dict) -> Table:
+    """The terminal's view of a bench result: a row per case with the times and the ratios, narrow enough
+    for 80 columns (the full markdown table, with memory, GFLOP/s and the plan, is in bench.md)."""
+    rows = result["rows"]
+    by = {(r["t"], r["heads"], r["variant"], r["pass"], r["impl"]): r for r in rows}
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    for head in (
+        _("T"),
+        _("mask"),
+        _("pass"),
+        _("tiled"),
+        _("SDPA"),
+        _("flex"),
+        _("tiled/SDPA"),
+        _("tiled/flex"),
+    ):
+        table.add_column(head, justify="left" if head in (_("mask"), _("pass")) else "right", no_wrap=True)
+    seen = []
+    for r in rows:
+        key = (r["t"], r["heads"], r["variant"], r["pass"])
+        if key in seen or (*key, "tiled") not in by:
+            continue
+        seen.append(key)
+        til, sd, fx = (by.get((*key, impl)) for impl in ("tiled", "sdpa", "flex"))
+
+        def secs(row: dict | None) -> str:
+            if row is None or row.get("median_s") is None:
+                return "—"
+            x = row["median_s"]
+            return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
+
+        def ratio(x: float | None) -> str:
+            return "—" if x is None else f"{x:.2f}"
+
+        cfg = result["meta"]["config"]
+        mask = _(_MASKS.get(key[2], key[2])).format(window=cfg.get("window"), documents=cfg.get("documents"))
+        table.add_row(
+            str(key[0]),
+            mask,
+            key[3],
+            secs(til),
+            secs(sd),
+            secs(fx),
+            ratio(til.get("ratio_vs_sdpa")),
+            ratio(til.get("ratio_vs_flex")),
+        )
+    return table
+
+
 def register(app: typer.Typer) -> None:
     @app.command("bench", help=_HELP)
     def bench(
         quick: bool = typer.Option(
             False,
             "--quick",
-            help=N_("CI-sized run (T = 128, 256 and 512; H = 2; D = 32; no flex compile): seconds."),
+            help=N_(
+                "CI-sized run (T = 128, 256 and 512; H = 2; D = 32; no flex compile): about 30 s of CPU "
+                "time, longer on a busy machine (2 min 12 s on a shared 2-core machine at load 10); the "
+                "run prints how long it took."
+            ),
         ),
         long: bool = typer.Option(
             False,
@@ -139,10 +204,16 @@ def register(app: typer.Typer) -> None:
                 f.write(json.dumps(row) + "\n")
 
         partial.unlink(missing_ok=True)
+        start = time.perf_counter()
         result = run_bench(cfg, progress=True, log=keep)
         json_path, md_path = write_results(result, out)
         partial.unlink(missing_ok=True)  # the complete results replace it
-        console.print(to_markdown(result), markup=False, highlight=False, soft_wrap=True)
+        console.print(summary_table(result))
+        console.print(to_markdown(result).split("\n\n", 1)[-1].strip(), markup=False, highlight=False)
         console.print(
-            _("wrote {json} and {md}").format(json=json_path, md=md_path), markup=False, highlight=False
+            _(
+                "took {seconds:.0f} s; wrote {json} and {md} (the full table: memory, GFLOP/s, kernel and plan)"
+            ).format(seconds=time.perf_counter() - start, json=json_path, md=md_path),
+            markup=False,
+            highlight=False,
         )

@@ -41,7 +41,11 @@ def check(
             else "[green]{}[/green]".format(escape(_("no wrong numbers")))
         )
         checked = ngettext("{n} printed number checked", "{n} printed numbers checked", n).format(n=n)
-        console.print(f"{escape(str(f))}: {escape(checked)}, {status}")
+        console.print(
+            _("{file}: {checked}, {status}").format(
+                file=escape(str(f)), checked=escape(checked), status=status
+            )
+        )
     if strict and total_wrong:
         raise typer.Exit(1)
 

@@ -17,6 +17,19 @@ from . import UsageError, console
 _STYLE = {OK: "green", WITHIN: "yellow", "wrong": "bold red"}
 #: a check's status as shown (the statuses themselves are the data: ``worked.OK`` ...)
 STATUS_TEXT = {OK: N_("ok"), WITHIN: N_("within rounding"), "wrong": N_("wrong")}
+#: a step's name in the check table (``normaliser[1]``); the names are the trace's, shown translated
+STEP_NAMES = {
+    "inputs": N_("inputs"),
+    "query": N_("query"),
+    "key": N_("key"),
+    "value": N_("value"),
+    "scores": N_("scores"),
+    "scaled_scores": N_("scaled_scores"),
+    "exp_scores": N_("exp_scores"),
+    "normaliser": N_("normaliser"),
+    "weights": N_("weights"),
+    "context": N_("context"),
+}
 _STEP_TITLES = [
     ("inputs", N_("X (inputs, a row per token)")),
     ("query", N_("Q = X·W_query (queries)")),
@@ -34,8 +47,8 @@ _STEP_TITLES = [
 def check_table(example: WorkedExample, results: list[CheckResult] | None = None) -> tuple[Table, int]:
     """The printed-vs-exact table of an example and the number of wrong values.
 
-    One line per printed number at any width: the numbers first, the sentence of the text last,
-    shortened with "…" when the terminal is too narrow for all of it.
+    A row per printed number at any width: the numbers first on its first line, the sentence of the
+    text last, wrapped onto more lines when the terminal is too narrow for all of it (never cut).
     """
     rows, wrong = [], 0
     for r in example.check() if results is None else results:
@@ -43,7 +56,7 @@ def check_table(example: WorkedExample, results: list[CheckResult] | None = None
         wrong += r.status == "wrong"
         at = f"[{', '.join(map(str, n.at))}]" if n.at else ""
         cells = [
-            f"{n.step}{at}",
+            f"{_(STEP_NAMES.get(n.step, n.step))}{at}",
             f"{n.printed:.{n.decimals}f}",
             f"{r.exact:.{n.decimals + 3}f}",
             f"{r.error:+.{n.decimals + 2}f}",
@@ -57,9 +70,10 @@ def check_table(example: WorkedExample, results: list[CheckResult] | None = None
     widths = [max([cell_len(head), *(cell_len(c[i]) for c, _t, _s in rows)]) for i, head in enumerate(heads)]
     for i, (head, width) in enumerate(zip(heads, widths, strict=True)):  # the numbers never shrink
         table.add_column(head, justify="left" if i in (0, 4) else "right", no_wrap=True, min_width=width)
-    # the sentence takes what is left of the line (2 columns between cells) and ends in "…" if cut
+    # the sentence takes what is left of the line (2 columns between cells), wrapped if need be
     room = max(12, console.width - sum(widths) - 2 * len(widths))
-    table.add_column(_("what the text says"), no_wrap=True, overflow="ellipsis", max_width=room)
+    head = _("what the text says")
+    table.add_column(head, overflow="fold", max_width=room, min_width=min(room, cell_len(head)))
     for cells, text, style in rows:
         *plain, status = (escape(c) for c in cells)
         table.add_row(*plain, f"[{style}]{status}[/{style}]", escape(text))
@@ -69,7 +83,12 @@ def check_table(example: WorkedExample, results: list[CheckResult] | None = None
 def show_example(example: WorkedExample, decimals: int = 4) -> int:
     """Print an example's steps and checks; returns the number of wrong printed values."""
     results = example.check()  # raises before anything is printed if the example cannot be computed
-    console.rule(f"[bold]{escape(example.display_title())}")
+    title = example.display_title()
+    if cell_len(title) + 6 <= console.width:
+        console.rule(f"[bold]{escape(title)}")
+    else:  # a rule cuts its title with "…": a long one goes on its own lines, under the rule
+        console.rule()
+        console.print(f"[bold]{escape(title)}")
     if example.display_source():
         console.print(
             "[dim]{source}[/dim]".format(
@@ -102,10 +121,10 @@ def show_example(example: WorkedExample, decimals: int = 4) -> int:
         terms = " + ".join(f"{float(w[j]):.4f}·{vname}({labels[j]})" for j in range(len(labels)))
         vec = ", ".join(f"{float(c):.4f}" for c in ctx)
         console.print(
-            "[bold]{what}[/bold]: z = {terms} = \\[{vec}]".format(
+            _("[bold]{what}[/bold]: z = {terms} = {vec}").format(
                 what=escape(_("context vector of “{token}”").format(token=labels[focus])),
                 terms=escape(terms),
-                vec=vec,
+                vec=f"\\[{vec}]",
             )
         )
     table, wrong = check_table(example, results)
@@ -145,9 +164,12 @@ def demo(
         total = len(ex.printed)
         if wrong:
             bad = [r for r in ex.check() if r.status == "wrong"]
-            what = "; ".join(
+            what = _("; ").join(
                 _("{step}{at} printed {printed} (exact {exact:.4f})").format(
-                    step=r.number.step, at=list(r.number.at), printed=r.number.printed, exact=r.exact
+                    step=_(STEP_NAMES.get(r.number.step, r.number.step)),
+                    at=list(r.number.at),
+                    printed=r.number.printed,
+                    exact=r.exact,
                 )
                 for r in bad
             )
@@ -156,12 +178,18 @@ def demo(
                 "{wrong} of {total} printed numbers are wrong",
                 total,
             ).format(wrong=wrong, total=total)
-            lines.append(f"[bold]{escape(ex.name)}[/bold]: [red]{escape(wrong_text)}[/red]: {escape(what)}")
+            lines.append(
+                _("[bold]{name}[/bold]: [red]{wrong}[/red]: {what}").format(
+                    name=escape(ex.name), wrong=escape(wrong_text), what=escape(what)
+                )
+            )
         else:
             ok_text = ngettext(
                 "the {total} printed number checks out", "all {total} printed numbers check out", total
             ).format(total=total)
-            lines.append(f"[bold]{escape(ex.name)}[/bold]: [green]{escape(ok_text)}[/green]")
+            lines.append(
+                _("[bold]{name}[/bold]: [green]{ok}[/green]").format(name=escape(ex.name), ok=escape(ok_text))
+            )
     console.print(Panel("\n".join(lines), title=_("verdict"), expand=False))
 
 

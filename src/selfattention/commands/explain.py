@@ -247,7 +247,7 @@ def explain(
             head = link.head if head is None else head
         layer, head = layer or 0, head or 0
     console.rule(
-        "[bold]{what}[/bold] {of}".format(
+        _("[bold]{what}[/bold] {of}").format(
             what=escape(_("{name} · layer {layer}, head {head}").format(name=name, layer=layer, head=head)),
             of=escape(_("(of {n_layers} × {n_heads}, 0-based)").format(n_layers=n_layers, n_heads=n_heads)),
         )
@@ -326,10 +326,14 @@ def explain(
         within = (
             _("both ≤ {tolerance:g} (float32)") if dw is not None else _("≤ {tolerance:g} (float32)")
         ).format(tolerance=MATCH_TOLERANCE)
-        verdict = "[bold green]{}[/bold green]: {}".format(_("MATCH"), escape(within))
+        verdict = _("{word}: {why}").format(
+            word="[bold green]{}[/bold green]".format(_("MATCH")), why=escape(within)
+        )
     else:
         larger = _("larger than {tolerance:g} (float32)").format(tolerance=MATCH_TOLERANCE)
-        verdict = "[bold red]{}[/bold red]: {}".format(_("MISMATCH"), escape(larger))
+        verdict = _("{word}: {why}").format(
+            word="[bold red]{}[/bold red]".format(_("MISMATCH")), why=escape(larger)
+        )
     hidden = run.hidden_states[-1].shape[-1]
     weights_line = (
         escape(
@@ -337,7 +341,7 @@ def explain(
                 L=run.n_layers, H=run.n_heads, T=T
             )
         )
-        + f" [bold]{dw:.2e}[/bold]"
+        + _("{label} {value}").format(label="", value=f"[bold]{dw:.2e}[/bold]")
         if dw is not None
         else escape(
             _("attention weights: not kept for an input this long; compared through the hidden state")
@@ -352,9 +356,12 @@ def explain(
     verdict_label = _("verdict:")
     console.print(
         Panel(
-            weights_line + "\n"
-            f"{hidden_line} [bold]{dh:.2e}[/bold]\n"
-            f"{escape(verdict_label)} {verdict}\n"
+            weights_line
+            + "\n"
+            + _("{label} {value}").format(label=hidden_line, value=f"[bold]{dh:.2e}[/bold]")
+            + "\n"
+            + _("{label} {value}").format(label=escape(verdict_label), value=verdict)
+            + "\n"
             f"[dim]{escape(timing)}[/dim]",
             title=escape(_("ours vs the model's own eager attention")),
             expand=False,

@@ -55,7 +55,7 @@ def status_text(lesson: Any) -> str:
             words.append(_("{n} min").format(n=w[:-4]))
         else:
             words.append(w)
-    return ", ".join(words)
+    return _(", ").join(words)
 
 
 def _by_lecture() -> list[tuple[str, list[Any]]]:
@@ -74,7 +74,7 @@ def _show(lesson: Any) -> None:
 
     from ..lectures import label
 
-    console.print(Text.assemble((lesson.name, "bold"), " — ", status_text(lesson)))
+    console.print(Text.assemble((lesson.name, "bold"), _(" — "), status_text(lesson)))
     lines = [
         _("{lecture}, {section}").format(lecture=label(lesson.lecture), section=lesson.section),
         _("kind: {kind}").format(kind=_(_WORDS[lesson.kind])),
@@ -111,7 +111,7 @@ def list_lessons(
         table.add_column(
             _("status"), no_wrap=True, min_width=max(cell_len(status_text(lesson)) for lesson in group)
         )
-        table.add_column(_("about"), no_wrap=True, overflow="ellipsis")
+        table.add_column(_("about"), overflow="fold")  # wraps when it must: never cut
         for lesson in group:
             table.add_row(lesson.name, status_text(lesson), escape(_(lesson.summary)))
         console.print(table)
@@ -152,7 +152,7 @@ def _print_result(result: Any, out: Path | None = None) -> None:
         Panel(
             f"[dim]{escape(lesson.section)}[/dim]\n[bold]{escape(lesson.claim_zh)}[/bold]"
             + ("" if language() == "zh" else f"\n{escape(lesson.claim_en)}"),
-            title=f"{lesson.name} — {label(lesson.lecture)}",
+            title=_("{name} — {lecture}").format(name=lesson.name, lecture=label(lesson.lecture)),
             title_align="left",
         )
     )
@@ -164,8 +164,10 @@ def _print_result(result: Any, out: Path | None = None) -> None:
             table.add_row(*(escape(str(c)) for c in row))
         console.print(table)
     for note in result.notes:
-        note_label = _("note:")
-        console.print(f"[dim]{escape(note_label)}[/dim] {escape(note)}", highlight=False)
+        console.print(
+            _("{label} {value}").format(label="[dim]{}[/dim]".format(escape(_("note:"))), value=escape(note)),
+            highlight=False,
+        )
     for path in result.figures:
         console.print(escape(_("figure: {path}").format(path=path)), highlight=False)
     if out is not None and not result.figures:
@@ -175,10 +177,11 @@ def _print_result(result: Any, out: Path | None = None) -> None:
             )
         )
     style = _STATUS_STYLE[result.verdict.status]
-    verdict_label = _("verdict:")
     console.print(
-        f"[bold]{escape(verdict_label)}[/bold] [{style}]{escape(verdict_text(result.verdict))}[/{style}]"
-        f" — {escape(result.verdict.because)}",
+        _("[bold]verdict:[/bold] {status} — {because}").format(
+            status=f"[{style}]{escape(verdict_text(result.verdict))}[/{style}]",
+            because=escape(result.verdict.because),
+        ),
         highlight=False,
     )
     console.print(f"[dim]{result.seconds:.1f} s[/dim]")

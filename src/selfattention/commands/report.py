@@ -9,6 +9,7 @@ selfattention report --example journey --out journey.html
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -114,12 +115,20 @@ def register(app: typer.Typer) -> None:
                     path=out, example=out / "report.html"
                 )
             )
+        if out.suffix.lower() not in (".html", ".htm"):
+            raise UsageError(
+                _("--out {path}: the report is an HTML page, give a file name ending in .html").format(
+                    path=out
+                )
+            )
         try:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UsageError(
                 _("--out {path}: cannot create its folder ({error})").format(path=out, error=e.strerror)
             ) from None
+        if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+            raise UsageError(_("--out {path}: not writable").format(path=out))
         start = time.perf_counter()
 
         if example is not None:

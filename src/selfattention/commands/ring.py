@@ -22,6 +22,8 @@ from . import UsageError, console
 
 #: Largest difference of output, dQ, dK, dV (float32 ring vs float64 spec) that passes.
 TOLERANCE = 1e-4
+#: the layouts' names as shown (``--layout`` takes the English ones)
+LAYOUT_NAMES = {"contiguous": N_("contiguous"), "zigzag": N_("zigzag")}
 
 
 def _runs(positions: list[int]) -> str:
@@ -138,8 +140,12 @@ def register(app: typer.Typer) -> None:
             err[key] = (got - want).abs().max().item()
 
         table = Table(
-            title=_("ring attention, T={T}, H={H}, D={D}, causal={causal}, {layout}").format(
-                T=seq_len, H=heads, D=head_dim, causal=causal, layout=layout
+            title=_("ring attention, T={T}, H={H}, D={D}, causal: {causal}, {layout} layout").format(
+                T=seq_len,
+                H=heads,
+                D=head_dim,
+                causal=_("yes") if causal else _("no"),
+                layout=_(LAYOUT_NAMES[layout]),
             ),
             pad_edge=False,
         )
@@ -171,7 +177,7 @@ def register(app: typer.Typer) -> None:
         console.print(table)
         console.print(
             _("max |ring − single process| (float32 vs float64 spec): {diffs}").format(
-                diffs=", ".join(f"{k} {v:.1e}" for k, v in err.items())
+                diffs=_(", ").join(f"{k} {v:.1e}" for k, v in err.items())
             ),
             highlight=False,
         )

@@ -157,15 +157,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_report(report: FuzzReport) -> str:
-    """A plain-text summary (inputs, documented errors seen, failures)."""
+    """A plain-text summary (inputs, documented errors seen, failures), in the interface language (the
+    errors themselves are the library's messages, as raised)."""
+    from ..i18n import _
+
+    by_target = ", ".join(f"{k} {v}" for k, v in report.by_target.most_common())
     lines = [
-        f"fuzzed {report.seconds:.0f} s: {report.inputs} inputs, "
-        f"{sum(report.errors.values())} documented ValueError/TypeError, {len(report.failures)} failures",
-        "inputs by target: " + ", ".join(f"{k} {v}" for k, v in report.by_target.most_common()),
-        "most common documented errors:",
+        _(
+            "fuzzed {seconds:.0f} s: {inputs} inputs, {errors} documented ValueError/TypeError, "
+            "{failures} failures"
+        ).format(
+            seconds=report.seconds,
+            inputs=report.inputs,
+            errors=sum(report.errors.values()),
+            failures=len(report.failures),
+        ),
+        _("inputs by target: {targets}").format(targets=by_target),
+        _("most common documented errors:"),
     ]
     lines += [f"  {n:6d}  {k}" for k, v in [(k, v) for k, v in report.errors.most_common(15)] for n in [v]]
     for f in report.failures:
         n = report.repeats.get(_failure_key(f), 0)
-        lines.append("FAILURE" + (f" (seen {n + 1} times)" if n else "") + ": " + f)
+        seen = _("FAILURE (seen {times} times): {failure}") if n else _("FAILURE: {failure}")
+        lines.append(seen.format(times=n + 1, failure=f))
     return "\n".join(lines)

@@ -30,7 +30,7 @@ LESSON = Lesson(
     name="limitations-training",
     summary=N_("no parameters, no learned lookups"),
     lecture="000",
-    section="这个版本的局限在哪？ — 三个表达力受限的具体表现",
+    section="这个版本的局限在哪？——三个表达力受限的具体表现",
     claim_zh="简化版只能学相似，学不出这些（反义/句法关系）；ω_ij = ω_ji 无方向性；内容与查询混淆——引入 W_Q, W_K, W_V 同时解掉三个限制",
     claim_en=N_(
         "With no learnable projections, attention can only follow similarity, is symmetric and ties "

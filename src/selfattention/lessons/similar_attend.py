@@ -22,7 +22,7 @@ LESSON = Lesson(
     name="similar-means-attend",
     summary=N_("the most similar gets most weight"),
     lecture="000",
-    section="这个版本的局限在哪？ — 相似 = 关注",
+    section="这个版本的局限在哪？——相似 = 关注",
     claim_zh="相似 = 关注：ω_ij 就是 x_i 和 x_j 的余弦相似度方向（没缩放的内积），语义相似的 token 必然互相关注",
     claim_en=N_(
         "In softmax(X Xᵀ) X the weights follow similarity: the most similar token — the token "

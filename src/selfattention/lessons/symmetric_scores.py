@@ -23,7 +23,7 @@ LESSON = Lesson(
     name="symmetric-scores",
     summary=N_("scores symmetric without W_q, W_k"),
     lecture="000",
-    section="这个版本的局限在哪？ — 无方向性",
+    section="这个版本的局限在哪？——无方向性",
     claim_zh="无方向性：ω_ij = ω_ji，“我看你”和“你看我”权重完全对称",
     claim_en=N_(
         "Without projections the scores are symmetric, ω_ij = ω_ji; learned W_q ≠ W_k "
