@@ -1,0 +1,535 @@
+"""``flash_attn_with_kvcache``: flash-attn 2's decoding entry point — a KV cache with per-sequence lengths,
+optionally paged — on this library's block engine (CPU, or any device the engine's vendor kernel serves).
+
+One call (flash-attn 2's semantics, signature and defaults): the new keys/values ``k``/``v`` (if given) are
+written **in place** into ``k_cache``/``v_cache`` at each sequence's own length ``cache_seqlens[b]``
+(rotated first when ``rotary_cos``/``rotary_sin`` are given), then ``q`` attends over the keys each sequence
+can see. Per-sequence lengths are the point: sequence b sees keys ``cache_leftpad[b] … cache_seqlens[b] +
+seqlen_new − 1``; with ``causal=True`` its queries sit bottom-right **on its own keys**. Two sequences of a
+batch, lengths 3 and 5, one query each (1 = attend)::
+
+    keys →           0 1 2 3 4
+    sequence 0       1 1 1 0 0          (cache_seqlens = 3)
+    sequence 1       1 1 1 1 1          (cache_seqlens = 5)
+
+and with two new tokens per sequence, causal (the cache lengths before the call are 1 and 3)::
+
+    keys →           0 1 2 3 4
+    seq 0, query 0   1 1 0 0 0
+    seq 0, query 1   1 1 1 0 0
+    seq 1, query 0   1 1 1 1 0
+    seq 1, query 1   1 1 1 1 1
+
+How it runs: the keys are a strided view of the cache, sliced to the span some sequence can see (never a
+copy of the whole cache; with ``block_table`` a view when the pages used form equally spaced runs, else one
+gather of the visible pages only); the per-sequence visibility is a bool key mask (B, 1, 1, Tk) riding along
+the engine's plan when it does not depend on the query row (decoding: one token per sequence; non-causal
+chunks), else a (B, 1, Tq, Tk) mask (chunks of several tokens with causal/window: O(Tq·Tk), meant for short
+chunks). When every sequence has the same length the call needs no mask at all (the plain causal plan).
+A flex-style predicate (``mask_mod(b, h, q_idx, kv_idx)`` with per-batch offsets) would let the engine plan
+per-sequence causal chunks without the dense (B, 1, Tq, Tk) mask and skip blocks per sequence.
+
+Differences from flash-attn (documented, never silent): any float dtype (flash-attn: fp16/bf16 on CUDA), any
+``page_block_size`` ≥ 1 (flash-attn: a multiple of 256), ``cache_leftpad`` together with ``block_table``
+(flash-attn refuses the pair), and every index is validated before anything is written (flash-attn reads
+out of bounds); ``cache_batch_idx`` with repeated entries and new ``k``/``v`` is refused (flash-attn: "the
+values updated might come from any of the duplicates"). ``num_splits`` is accepted and has no effect on
+the result (flash-attn uses it only to split the work). No backward pass (as flash-attn).
+
+Sources: Dao 2023, "FlashAttention-2"; flash-attn's ``flash_attn_interface.flash_attn_with_kvcache``
+docstring (the semantics followed here); Kwon et al. 2023, "Efficient Memory Management for Large Language
+Model Serving with PagedAttention" (the block table); Su et al. 2021, "RoFormer" (rotary embeddings).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .kernels import engine
+from .visibility import Visibility
+
+__all__ = ["flash_attn_with_kvcache", "apply_rotary"]
+
+_INDEX_DTYPE = torch.int32  # flash-attn's dtype for every index tensor
+
+
+def _fmt(shape) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ")"
+
+
+def apply_rotary(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor, interleaved: bool
+) -> torch.Tensor:
+    """Rotary embedding of ``x`` (B, T, heads, D) at integer ``positions`` (B, T) (a new tensor).
+
+    ``cos``/``sin`` are (seqlen_ro, rotary_dim / 2); the first ``rotary_dim`` features rotate, the rest stay.
+    ``interleaved``: pairs (0, 1), (2, 3), … (GPT-J); else (i, i + rotary_dim / 2) (GPT-NeoX). Each pair
+    (x₁, x₂) at position p becomes (x₁ cos θ − x₂ sin θ, x₁ sin θ + x₂ cos θ), θ = angle p of its frequency.
+
+    >>> x = torch.tensor([[[[1.0, 0.0]]]])                    # one feature pair, (1, 0)
+    >>> c, s = torch.tensor([[1.0], [0.0]]), torch.tensor([[0.0], [1.0]])   # position 1: a quarter turn
+    >>> apply_rotary(x, c, s, torch.tensor([[1]]), True)
+    tensor([[[[0., 1.]]]])
+    """
+    half = cos.shape[-1]
+    rd = 2 * half
+    work = torch.promote_types(x.dtype, torch.float32)
+    c = cos.to(work)[positions][:, :, None, :]  # (B, T, 1, rd/2)
+    s = sin.to(work)[positions][:, :, None, :]
+    xr = x[..., :rd].to(work)
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., :half], xr[..., half:]
+        rot = torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+    return torch.cat([rot.to(x.dtype), x[..., rd:]], dim=-1)
+
+
+@dataclass
+class _Args:
+    batch: int
+    q_len: int
+    new: int  # seqlen_new (0 without k/v)
+    seqlens: list[int]  # cache_seqlens before the call
+    leftpad: list[int]
+    rows: list[int] | None  # cache_batch_idx, or None = 0 … B-1
+    capacity: int  # positions one sequence can hold
+    page: int  # page size (0 = contiguous cache)
+    pages: list[list[int]] | None  # block table rows (the pages each sequence uses after the call)
+    left: int
+    right: int
+
+
+def _index(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of dtype int32, got {type(t).__name__}")
+    if t.dtype != _INDEX_DTYPE:
+        raise TypeError(
+            f"{name} must have dtype torch.int32 (as flash-attn), got {t.dtype}; use {name}.int()"
+        )
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {_fmt(shape)}, got {_fmt(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, the cache is on {device}")
+    return t
+
+
+def _check(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+           cache_leftpad, block_table, causal, window_size, softcap, alibi_slopes, num_splits) -> _Args:  # fmt: skip
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            what = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name} must be a floating-point torch.Tensor, got {what}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D, got shape {_fmt(t.shape)}")
+    batch, q_len, heads, dim = q.shape
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if t.dtype != q.dtype:
+            raise TypeError(
+                f"{name} has dtype {t.dtype} but q has {q.dtype}: the cache and q must share a dtype"
+            )
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"{name} must have a contiguous last dimension (stride 1), got stride {t.stride(-1)}"
+            )
+    hkv = k_cache.shape[2]
+    if k_cache.shape[-1] != dim:
+        raise ValueError(f"k_cache head_dim {k_cache.shape[-1]} differs from q's {dim} (q {_fmt(q.shape)})")
+    if v_cache.shape[:3] != k_cache.shape[:3]:
+        raise ValueError(
+            f"v_cache {_fmt(v_cache.shape)} must match k_cache {_fmt(k_cache.shape)} but for head_dim"
+        )
+    if hkv == 0 or heads % hkv:
+        raise ValueError(f"q's heads ({heads}) must be a multiple of the cache's kv heads ({hkv})")
+    if (k is None) != (v is None):
+        raise ValueError("give both k and v (the new keys and values), or neither")
+    new = 0
+    if k is not None:
+        for name, t, d in (("k", k, dim), ("v", v, v_cache.shape[-1])):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 4 or t.shape[0] != batch or t.shape[2] != hkv or t.shape[3] != d:
+                raise ValueError(
+                    f"{name} must have shape (batch_size={batch}, seqlen_new, nheads_k={hkv}, {d}), got {_fmt(t.shape)}"
+                )
+            if t.dtype != k_cache.dtype:
+                raise TypeError(f"{name} has dtype {t.dtype} but the cache holds {k_cache.dtype}")
+            if t.device != k_cache.device:
+                raise ValueError(f"{name} is on {t.device} but the cache is on {k_cache.device}")
+        if k.shape[1] != v.shape[1]:
+            raise ValueError(f"k {_fmt(k.shape)} and v {_fmt(v.shape)} have different seqlen_new")
+        new = k.shape[1]
+    dev = q.device
+    paged = block_table is not None
+    if paged:
+        if cache_batch_idx is not None:
+            raise ValueError(
+                "cache_batch_idx cannot be used with block_table (a paged cache has no batch rows)"
+            )
+        if not isinstance(block_table, torch.Tensor) or block_table.dim() != 2:
+            raise ValueError(
+                f"block_table must be (batch_size, max_num_blocks_per_seq), got {getattr(block_table, 'shape', block_table)}"
+            )
+        _index("block_table", block_table, (batch, block_table.shape[1]), dev)
+        page, num_pages = k_cache.shape[1], k_cache.shape[0]
+        capacity = block_table.shape[1] * page
+    else:
+        page, num_pages = 0, 0
+        capacity = k_cache.shape[1]
+    rows = None
+    if cache_batch_idx is not None:
+        rows = _index("cache_batch_idx", cache_batch_idx, (batch,), dev).tolist()
+        for b, r in enumerate(rows):
+            if not 0 <= r < k_cache.shape[0]:
+                raise ValueError(
+                    f"cache_batch_idx[{b}] = {r} is outside the cache's {k_cache.shape[0]} batch rows"
+                )
+        if new and len(set(rows)) != len(rows):
+            raise ValueError(
+                f"cache_batch_idx {rows} repeats a row: two sequences would write the same cache row"
+            )
+    elif not paged and k_cache.shape[0] < batch:
+        raise ValueError(
+            f"k_cache has {k_cache.shape[0]} batch rows, q has batch_size {batch}: pass cache_batch_idx"
+        )
+    if cache_seqlens is None:
+        seqlens = [capacity] * batch
+    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
+        seqlens = [cache_seqlens] * batch
+    else:
+        seqlens = _index("cache_seqlens", cache_seqlens, (batch,), dev).tolist()
+    for b, n in enumerate(seqlens):
+        if n < 0:
+            raise ValueError(f"cache_seqlens[{b}] = {n} is negative")
+        if n + new > capacity:
+            raise ValueError(
+                f"cache_seqlens[{b}] = {n} + seqlen_new {new} = {n + new} exceeds the cache's capacity of {capacity} "
+                + (
+                    f"positions (max_num_blocks_per_seq {capacity // page} × page_block_size {page})"
+                    if paged
+                    else "positions (seqlen_cache)"
+                )
+            )
+    leftpad = [0] * batch
+    if cache_leftpad is not None:
+        leftpad = _index("cache_leftpad", cache_leftpad, (batch,), dev).tolist()
+        for b, (lp, n) in enumerate(zip(leftpad, seqlens, strict=True)):
+            if not 0 <= lp <= n:
+                raise ValueError(f"cache_leftpad[{b}] = {lp} must be in [0, cache_seqlens[{b}] = {n}]")
+    pages = None
+    if paged:
+        table = block_table.tolist()
+        pages, writer = [], {}
+        for b in range(batch):
+            used = table[b][: -(-(seqlens[b] + new) // page)]
+            for j, p in enumerate(used):
+                if not 0 <= p < num_pages:
+                    raise ValueError(
+                        f"block_table[{b}, {j}] = {p} points outside the pool of {num_pages} pages"
+                    )
+            if len(set(used)) != len(used):
+                dup = next(p for p in used if used.count(p) > 1)
+                raise ValueError(
+                    f"block_table row {b} uses page {dup} twice (a sequence's pages must be distinct)"
+                )
+            for j in range(seqlens[b] // page, len(used)) if new else ():
+                p = used[j]
+                if writer.setdefault(p, b) != b:
+                    raise ValueError(
+                        f"page {p} would be written by sequences {writer[p]} and {b} (block_table[{b}, {j}]); "
+                        "copy a shared page before appending to it"
+                    )
+            pages.append(used)
+    if not isinstance(window_size, tuple | list) or len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
+    left, right = (int(x) for x in window_size)
+    if left < -1 or right < -1 or any(isinstance(x, bool) or not isinstance(x, int) for x in window_size):
+        raise ValueError(f"window_size must hold ints >= -1 (-1 = unbounded), got {tuple(window_size)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
+    if causal:
+        right = 0
+    if isinstance(softcap, bool) or not isinstance(softcap, int | float) or not softcap >= 0:
+        raise ValueError(f"softcap must be a number >= 0 (0 = off), got {softcap!r}")
+    if (rotary_cos is None) != (rotary_sin is None):
+        raise ValueError("give both rotary_cos and rotary_sin, or neither")
+    if rotary_cos is not None:
+        if k is None:
+            raise ValueError(
+                "rotary_cos/rotary_sin need the new k and v (the rotation is applied as they are appended)"
+            )
+        for name, t in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin)):
+            if not isinstance(t, torch.Tensor) or t.dim() != 2 or not t.is_floating_point():
+                raise ValueError(
+                    f"{name} must be a float tensor (seqlen_ro, rotary_dim / 2), got {getattr(t, 'shape', t)}"
+                )
+        if rotary_sin.shape != rotary_cos.shape:
+            raise ValueError(
+                f"rotary_sin {_fmt(rotary_sin.shape)} must match rotary_cos {_fmt(rotary_cos.shape)}"
+            )
+        if 2 * rotary_cos.shape[1] > dim:
+            raise ValueError(f"rotary_dim = 2 × {rotary_cos.shape[1]} exceeds head_dim {dim}")
+        need = max(n + max(new, q_len) for n in seqlens)
+        if rotary_cos.shape[0] < need:
+            raise ValueError(
+                f"rotary_cos has {rotary_cos.shape[0]} positions, the call needs {need} (cache_seqlens + seqlen)"
+            )
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, torch.Tensor) or alibi_slopes.dtype != torch.float32:
+            raise TypeError("alibi_slopes must be a float32 tensor (nheads,) or (batch_size, nheads)")
+        if tuple(alibi_slopes.shape) not in ((heads,), (batch, heads)):
+            raise ValueError(
+                f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}), got {_fmt(alibi_slopes.shape)}"
+            )
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0, got {num_splits!r}")
+    return _Args(batch, q_len, new, seqlens, leftpad, rows, capacity, page, pages, left, right)
+
+
+def _write(a: _Args, k_cache, v_cache, k, v, block_table) -> None:
+    """Write the new keys/values at positions cache_seqlens[b] … + seqlen_new − 1 (one index_put each)."""
+    dev = k_cache.device
+    pos = torch.tensor(a.seqlens, device=dev)[:, None] + torch.arange(a.new, device=dev)  # (B, n)
+    if a.page:
+        bt = block_table.long()
+        first = torch.arange(a.batch, device=dev)[:, None].expand_as(pos)
+        idx = (bt[first, pos // a.page], pos % a.page)
+    else:
+        rows = torch.arange(a.batch, device=dev) if a.rows is None else torch.tensor(a.rows, device=dev)
+        idx = (rows[:, None].expand_as(pos), pos)
+    k_cache.index_put_(idx, k)
+    v_cache.index_put_(idx, v)
+
+
+def _affine(rows: torch.Tensor) -> tuple[int, int] | None:
+    """(first page, page step between sequences) if every row is a run of consecutive pages and the runs
+    start at equally spaced pages (step ≥ 0): then the visible keys are one strided view of the pool."""
+    n = rows.shape[1]
+    if not bool((rows - rows[:, :1] == torch.arange(n, device=rows.device)).all()):
+        return None
+    starts = rows[:, 0].tolist()
+    step = starts[1] - starts[0] if len(starts) > 1 else 0
+    if step < 0 or any(b - a != step for a, b in zip(starts, starts[1:], strict=False)):
+        return None
+    return starts[0], step
+
+
+def _visible(a: _Args, cache: torch.Tensor, block_table, c0: int, c1: int) -> torch.Tensor:
+    """Keys (or values) at positions [c0, c1) of every sequence, (B, Hkv, c1 − c0, D): a view when possible."""
+    if not a.page:
+        if a.rows is None:
+            return cache[: a.batch, c0:c1].transpose(1, 2)
+        if a.rows == list(range(a.rows[0], a.rows[0] + a.batch)):
+            return cache[a.rows[0] : a.rows[0] + a.batch, c0:c1].transpose(1, 2)
+        idx = torch.tensor(a.rows, device=cache.device)
+        return cache[:, c0:c1].index_select(0, idx).transpose(1, 2)  # a copy of the visible span only
+    ps = a.page
+    p0, p1 = c0 // ps, -(-c1 // ps)
+    sel = block_table[:, p0:p1].long()
+    hk, d = cache.shape[2], cache.shape[3]
+    run = _affine(sel) if cache.is_contiguous() else None
+    if run is not None:
+        first, step = run
+        view = cache.as_strided(
+            (a.batch, (p1 - p0) * ps, hk, d),
+            (step * ps * hk * d, hk * d, d, 1),
+            cache.storage_offset() + first * ps * hk * d,
+        )
+    else:  # scattered pages: gather the visible pages (not the pool)
+        view = cache[sel].flatten(1, 2)  # (B, P·ps, Hkv, D)
+    off = c0 - p0 * ps
+    return view[:, off : off + c1 - c0].transpose(1, 2)
+
+
+def _mask(a: _Args, c0: int, c1: int, row_dependent: bool, device) -> torch.Tensor:
+    """Bool (B, 1, Tq or 1, Tk), True = attend, for key positions c0 … c1 − 1."""
+    j = torch.arange(c0, c1, device=device)  # (Tk,)
+    end = torch.tensor([n + a.new for n in a.seqlens], device=device)[:, None, None]  # (B, 1, 1)
+    start = torch.tensor(a.leftpad, device=device)[:, None, None]
+    rows = a.q_len if row_dependent else 1
+    qpos = end - a.q_len + torch.arange(rows, device=device)[None, :, None]  # (B, rows, 1)
+    ok = (j >= start) & (j < end)
+    if rows == a.q_len:  # (with one row for several queries, the caller has checked nothing depends on it)
+        if a.right >= 0:
+            ok = ok & (j <= qpos + a.right)
+        if a.left >= 0:
+            ok = ok & (j >= qpos - a.left)
+    return ok[:, None]  # (B, 1, rows, Tk)
+
+
+def _alibi(a: _Args, slopes: torch.Tensor, c0: int, c1: int, dtype, device) -> torch.Tensor:
+    """Float (B or 1, H, Tq, Tk): −slope · |position of query − position of key|."""
+    j = torch.arange(c0, c1, device=device)
+    end = torch.tensor([n + a.new for n in a.seqlens], device=device)[:, None, None]
+    qpos = end - a.q_len + torch.arange(a.q_len, device=device)[None, :, None]  # (B, Tq, 1)
+    dist = (qpos - j).abs().to(dtype)[:, None]  # (B, 1, Tq, Tk)
+    s = slopes.to(device=device, dtype=dtype)
+    s = s[None, :, None, None] if s.dim() == 1 else s[:, :, None, None]
+    return -s * dist
+
+
+def _softcapped(q4, k4, v4, bias, scale: float, softcap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact attention with soft-capped scores softcap · tanh(q·k · scale / softcap), then ``bias`` (−inf =
+    hidden): torch ops in float32 at least, 256 query rows at a time. (out, lse) with lse −inf for blind rows."""
+    work = torch.promote_types(q4.dtype, torch.float32)
+    g = q4.shape[1] // k4.shape[1]
+    k4, v4 = k4.to(work), v4.to(work)
+    outs, lses = [], []
+    for r in range(0, q4.shape[2], 256):
+        s = torch.einsum("bhgqd,bhkd->bhgqk", q4[:, :, r : r + 256].to(work).unflatten(1, (-1, g)), k4)
+        s = (softcap * torch.tanh(s * (scale / softcap))).flatten(1, 2)  # (B, H, rows, Tk)
+        if bias is not None:
+            b = bias[..., r : r + 256, :] if bias.shape[-2] != 1 else bias
+            s = s + b
+        lse = torch.logsumexp(s, dim=-1)
+        p = torch.exp(s - torch.where(lse == -math.inf, 0.0, lse)[..., None])
+        o = torch.einsum("bhgqk,bhkd->bhgqd", p.unflatten(1, (-1, g)), v4).flatten(1, 2)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs, 2), torch.cat(lses, 2)
+
+
+@torch.no_grad()
+def flash_attn_with_kvcache(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None,
+    rotary_cos: torch.Tensor | None = None,
+    rotary_sin: torch.Tensor | None = None,
+    cache_seqlens: int | torch.Tensor | None = None,
+    cache_batch_idx: torch.Tensor | None = None,
+    cache_leftpad: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: torch.Tensor | None = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Append ``k``/``v`` to a KV cache in place and attend over it, per sequence (flash-attn 2's API).
+
+    Args (flash-attn's layouts: sequence before heads):
+        q: (batch_size, seqlen_q, nheads, headdim).
+        k_cache, v_cache: (batch_size_cache, seqlen_cache, nheads_k, headdim), or with ``block_table`` a
+            page pool (num_pages, page_block_size, nheads_k, headdim). Same dtype and device as ``q``.
+            **Updated in place** when ``k``/``v`` are given.
+        k, v: optional (batch_size, seqlen_new, nheads_k, headdim): written at positions
+            ``cache_seqlens[b] … cache_seqlens[b] + seqlen_new − 1`` of sequence b.
+        rotary_cos, rotary_sin: optional (seqlen_ro, rotary_dim / 2): rotate the new k at those positions,
+            and q at ``cache_seqlens[b] + i`` when causal or windowed, else all of q at ``cache_seqlens[b]``.
+            Only with ``k``/``v``. ``rotary_interleaved``: pairs (0, 1), (2, 3), … (True) or (i, i +
+            rotary_dim / 2) (False, GPT-NeoX).
+        cache_seqlens: int, or int32 (batch_size,): tokens in each sequence's cache before this call
+            (None: the whole cache is full).
+        cache_batch_idx: int32 (batch_size,): the cache row of each sequence (default 0 … batch_size − 1).
+        cache_leftpad: int32 (batch_size,): the first cache position of each sequence (keys before it
+            are never seen). Default 0.
+        block_table: int32 (batch_size, max_num_blocks_per_seq): page j of sequence b holds its positions
+            j·page_block_size … (j + 1)·page_block_size − 1.
+        softmax_scale: scale of q·kᵀ (None: 1/√headdim).
+        causal: bottom-right per sequence: query i of sequence b sits at key position
+            ``seqlen_k[b] − seqlen_q + i`` (``seqlen_k[b] = cache_seqlens[b] + seqlen_new``).
+        window_size: (left, right): query at position p sees keys p − left … p + right (−1 = unbounded).
+        softcap: > 0: scores become softcap · tanh(scores / softcap) (before any bias).
+        alibi_slopes: float32 (nheads,) or (batch_size, nheads): −slope · |p − j| added to the scores.
+        num_splits: accepted (an int ≥ 0); how flash-attn splits its work — no effect on the result here.
+        return_softmax_lse: also return the log-sum-exp of each row's scaled scores.
+
+    Returns:
+        out (batch_size, seqlen_q, nheads, headdim) in q's dtype; with ``return_softmax_lse`` also
+        lse float32 (batch_size, nheads, seqlen_q). A query that sees no key gets zeros and lse = +inf
+        (flash-attn's convention).
+
+    Raises:
+        TypeError/ValueError naming the argument and value, **before anything is written**: shapes, dtypes
+        or devices that do not match q / the cache, ``cache_seqlens`` negative or past the capacity, index
+        tensors that are not int32, ``cache_batch_idx`` outside the cache (or repeated with new k/v), a
+        block table pointing outside the pool, using a page twice in one sequence, or making two sequences
+        write one page, rotary tables too short.
+
+    >>> kc = torch.zeros(2, 8, 1, 4); vc = torch.zeros(2, 8, 1, 4)       # two sequences, capacity 8
+    >>> lens = torch.tensor([3, 5], dtype=torch.int32)
+    >>> k = torch.randn(2, 1, 1, 4); q = torch.randn(2, 1, 2, 4)
+    >>> out = flash_attn_with_kvcache(q, kc, vc, k, k, cache_seqlens=lens, causal=True)
+    >>> torch.equal(kc[0, 3], k[0, 0]), torch.equal(kc[1, 5], k[1, 0])   # written at each own length
+    (True, True)
+    """
+    a = _check(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+               cache_leftpad, block_table, causal, window_size, softcap, alibi_slopes, num_splits)  # fmt: skip
+    if not isinstance(return_softmax_lse, bool) or not isinstance(rotary_interleaved, bool):
+        raise TypeError("return_softmax_lse and rotary_interleaved must be bools")
+    dim = q.shape[-1]
+    if softmax_scale is None:
+        scale = 1.0 / math.sqrt(dim) if dim else 1.0
+    elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, int | float):
+        raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    else:
+        scale = float(softmax_scale)
+    dev = q.device
+    if rotary_cos is not None:
+        base = torch.tensor(a.seqlens, device=dev)[:, None]
+        k = apply_rotary(
+            k, rotary_cos, rotary_sin, base + torch.arange(a.new, device=dev), rotary_interleaved
+        )
+        structured = a.right >= 0 or a.left >= 0
+        qsteps = torch.arange(a.q_len, device=dev) if structured else torch.zeros(a.q_len, dtype=torch.long)
+        q = apply_rotary(q, rotary_cos, rotary_sin, base + qsteps.to(dev), rotary_interleaved)
+    if a.new:
+        _write(a, k_cache, v_cache, k, v, block_table)
+
+    ends = [n + a.new for n in a.seqlens]
+    c1 = max(ends) if ends else 0
+    c0 = min(a.leftpad) if a.leftpad else 0
+    if a.left >= 0:  # keys before every query's window are never seen
+        c0 = max(c0, min(e - a.q_len for e in ends) - a.left)
+    c0 = max(0, min(c0, c1))
+    b, tq, h = q.shape[0], q.shape[1], q.shape[2]
+    dv = v_cache.shape[-1]
+    if c1 <= c0 or b == 0 or tq == 0:
+        out = q.new_zeros(b, tq, h, dv)
+        lse = torch.full((b, h, tq), math.inf, dtype=torch.float32, device=dev)
+        return (out, lse) if return_softmax_lse else out
+    q4 = q.transpose(1, 2)  # (B, H, Tq, D)
+    k4 = _visible(a, k_cache, block_table, c0, c1)
+    v4 = _visible(a, v_cache, block_table, c0, c1)
+    tk = c1 - c0
+    uniform = len(set(ends)) == 1 and all(lp <= c0 for lp in a.leftpad)
+    structural = a.right == 0  # causal, or a window that ends at the query
+    bias = None
+    if alibi_slopes is None and uniform and (structural or (a.left < 0 and a.right < 0)):
+        window = a.left + 1 if structural and a.left >= 0 else None
+        vis = Visibility(tq, tk, is_causal=structural, window=window, q_offset=ends[0] - tq - c0)
+    else:
+        row_dependent = tq > 1 and (a.right >= 0 or a.left >= 0)
+        mask = _mask(a, c0, c1, row_dependent or alibi_slopes is not None, dev)
+        if alibi_slopes is not None:
+            work = torch.promote_types(q.dtype, torch.float32)
+            ali = _alibi(a, alibi_slopes, c0, c1, work, dev)
+            mask = torch.where(mask, ali, torch.full((), -math.inf, dtype=work, device=dev))
+        vis = Visibility(tq, tk, attn_mask=mask)
+        bias = mask
+    if softcap > 0:
+        if bias is None:
+            bias = vis.to_mask(dev)[None, None]
+        if bias.dtype == torch.bool:
+            bias = torch.where(bias, 0.0, -math.inf).to(torch.promote_types(q.dtype, torch.float32))
+        out, lse = _softcapped(q4, k4, v4, bias, scale, float(softcap))
+    else:
+        prob = engine.make_problem(q4, k4, v4, vis, scale, defer_kv=True)
+        out, lse = engine.attention(q4, k4, v4, prob)
+    out = out.to(q.dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv)
+    if not return_softmax_lse:
+        return out
+    lse = lse.float()
+    return out, torch.where(lse == -math.inf, torch.full((), math.inf, device=dev), lse)
