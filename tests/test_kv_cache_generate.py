@@ -87,3 +87,21 @@ def test_bad_batches_name_the_prompt():
         generate_batch(model, [[1], [2]], [3])
     with pytest.raises(ValueError, match=r"max_new_tokens\[1\] must be an int >= 0, got -1"):
         generate_batch(model, [[1], [2]], [3, -1])
+
+
+def test_generate_command_with_several_prompts(tmp_path, capsys):
+    from selfattention.cli import main
+    from selfattention.decoder import CharTokenizer, save_checkpoint
+
+    model = _tiny(seed=6)
+    path, _ = save_checkpoint(model, CharTokenizer("abcdefghijkl "), tmp_path / "m.safetensors")
+    for extra in ([], ["--greedy"]):
+        argv = ["generate", "-p", "abc", "-p", "l", "-p", "kkjih ab", "-n", "25", "--checkpoint", str(path)]
+        assert main([*argv, "--check", *extra]) == 0
+        out = capsys.readouterr().out
+        assert "3 prompts, 75 tokens" in out and "decoded together with KV cache" in out
+        assert "PASS: every prompt decoded in the batch gives the tokens" in out
+    assert main(["generate", "-p", "abc", "-p", "", "--checkpoint", str(path)]) == 2
+    assert "--prompt 2 must not be empty" in capsys.readouterr().err
+    assert main(["generate", "-p", "abc", "-p", "xyz", "--checkpoint", str(path)]) == 2
+    assert main(["generate", "-p", "abc", "-p", "ab", "-n", "46", "--checkpoint", str(path)]) == 2
