@@ -101,7 +101,7 @@ def test_generate_command_with_several_prompts(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "3 prompts, 75 tokens" in out and "decoded together with KV cache" in out
         assert "PASS: every prompt decoded in the batch gives the tokens" in out
-    assert main(["generate", "-p", "abc", "-p", "", "--checkpoint", str(path)]) == 2
+    assert main(["generate", "-p", "abc", "-p", "", "-n", "5", "--checkpoint", str(path)]) == 2
     assert "--prompt 2 must not be empty" in capsys.readouterr().err
     assert main(["generate", "-p", "abc", "-p", "xyz", "--checkpoint", str(path)]) == 2
     assert main(["generate", "-p", "abc", "-p", "ab", "-n", "46", "--checkpoint", str(path)]) == 2
