@@ -96,7 +96,7 @@ def _check_against_oracle(
 ):
     gen = torch.Generator().manual_seed(seed)
     Dv = D if Dv is None else Dv
-    tq = new if tq is None else tq
+    tq = max(new, 1) if tq is None else tq
     rows_n = B if batch_idx is None else max(batch_idx) + 2
     kc_log = torch.randn(rows_n, cap, Hkv, D, generator=gen, dtype=torch.float64)  # logical caches
     vc_log = torch.randn(rows_n, cap, Hkv, Dv, generator=gen, dtype=torch.float64)
@@ -381,3 +381,25 @@ def test_dtype_and_shape_mismatches():
         flash_attn_with_kvcache(
             q, kc, vc, rotary_cos=torch.ones(9, 2), rotary_sin=torch.ones(9, 2), cache_seqlens=1
         )
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(new=1, causal=True),
+        dict(new=0, tq=1, causal=True, lens=(31,)),
+        dict(new=3, causal=False),
+        dict(new=1, causal=True, leftpad=(5,)),
+        dict(new=1, causal=True, softcap=0.5),
+    ],
+)
+def test_one_sequence_on_scattered_pages_reads_the_pool_in_place(kw, monkeypatch):
+    import selfattention.flash_kvcache as fk
+
+    used = []
+    real = fk._pool_span
+    monkeypatch.setattr(fk, "_pool_span", lambda *a: used.append(1) or real(*a))
+    args = dict(B=1, lens=(30,), page=4, shuffle=True, seed=21)  # unused pages hold NaN: never read as keys
+    args.update(kw)
+    _check_against_oracle(**args)
+    assert used  # the path without a gather was taken

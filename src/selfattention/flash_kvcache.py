@@ -336,6 +336,7 @@ def _visible(a: _Args, cache: torch.Tensor, block_table, c0: int, c1: int) -> to
     run = _affine(sel) if cache.is_contiguous() else None
     if run is not None:
         first, step = run
+        step = step if a.batch > 1 else p1 - p0  # (one sequence: a natural stride, not 0)
         view = cache.as_strided(
             (a.batch, (p1 - p0) * ps, hk, d),
             (step * ps * hk * d, hk * d, d, 1),
@@ -345,6 +346,28 @@ def _visible(a: _Args, cache: torch.Tensor, block_table, c0: int, c1: int) -> to
         view = cache[sel].flatten(1, 2)  # (B, P·ps, Hkv, D)
     off = c0 - p0 * ps
     return view[:, off : off + c1 - c0].transpose(1, 2)
+
+
+def _pool_span(a: _Args, k_cache, v_cache, device):
+    """One sequence whose pages lie scattered in a dense stretch of the pool: its keys in pool order (a
+    view, no copy) with a key mask of its own positions — valid whenever key order does not matter (one
+    query, or no causal/window, and no ALiBi). None when the stretch is more than twice its pages."""
+    pages = a.pages[0]
+    if not pages:
+        return None
+    lo, hi = min(pages), max(pages) + 1
+    if hi - lo > 2 * len(pages):
+        return None
+    ps = a.page
+    pos = torch.full((hi - lo, ps), -1, dtype=torch.long, device=device)
+    own = torch.tensor(pages, device=device) - lo
+    pos[own] = torch.arange(len(pages), device=device)[:, None] * ps + torch.arange(ps, device=device)
+    pos = pos.flatten()
+    end = a.seqlens[0] + a.new
+    mask = (pos >= a.leftpad[0]) & (pos < end)
+    k4 = k_cache[lo:hi].flatten(0, 1)[None].transpose(1, 2)  # (1, Hkv, span, D)
+    v4 = v_cache[lo:hi].flatten(0, 1)[None].transpose(1, 2)
+    return k4, v4, mask[None, None, None]  # mask (1, 1, 1, span)
 
 
 def _mask(a: _Args, c0: int, c1: int, row_dependent: bool, device) -> torch.Tensor:
@@ -380,16 +403,23 @@ def _softcapped(q4, k4, v4, bias, scale: float, softcap: float) -> tuple[torch.T
     work = torch.promote_types(q4.dtype, torch.float32)
     g = q4.shape[1] // k4.shape[1]
     k4, v4 = k4.to(work), v4.to(work)
+    finite = torch.isfinite(v4)
+    v_fin, v_bad = v4, None
+    if not bool(finite.all()):
+        v_fin, v_bad = torch.where(finite, v4, 0.0), (~finite).to(work)
     outs, lses = [], []
     for r in range(0, q4.shape[2], 256):
         s = torch.einsum("bhgqd,bhkd->bhgqk", q4[:, :, r : r + 256].to(work).unflatten(1, (-1, g)), k4)
         s = (softcap * torch.tanh(s * (scale / softcap))).flatten(1, 2)  # (B, H, rows, Tk)
         if bias is not None:
             b = bias[..., r : r + 256, :] if bias.shape[-2] != 1 else bias
-            s = s + b
+            s = torch.where(b == -math.inf, -math.inf, s + b)  # a hidden NaN key stays hidden
         lse = torch.logsumexp(s, dim=-1)
-        p = torch.exp(s - torch.where(lse == -math.inf, 0.0, lse)[..., None])
-        o = torch.einsum("bhgqk,bhkd->bhgqd", p.unflatten(1, (-1, g)), v4).flatten(1, 2)
+        p = torch.exp(s - torch.where(lse == -math.inf, 0.0, lse)[..., None]).unflatten(1, (-1, g))
+        o = torch.einsum("bhgqk,bhkd->bhgqd", p, v_fin).flatten(1, 2)
+        if v_bad is not None:  # a non-finite value reaches only the rows that see it
+            hit = torch.einsum("bhgqk,bhkd->bhgqd", (p > 0).to(work), v_bad).flatten(1, 2) > 0
+            o = torch.where(hit, torch.einsum("bhgqk,bhkd->bhgqd", p, v4).flatten(1, 2), o)
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs, 2), torch.cat(lses, 2)
@@ -501,6 +531,20 @@ def flash_attn_with_kvcache(
         lse = torch.full((b, h, tq), math.inf, dtype=torch.float32, device=dev)
         return (out, lse) if return_softmax_lse else out
     q4 = q.transpose(1, 2)  # (B, H, Tq, D)
+    order_free = alibi_slopes is None and a.left < 0 and (tq == 1 or a.right < 0)
+    if a.page and a.batch == 1 and order_free and _affine(block_table[:, : len(a.pages[0])].long()) is None:
+        span = _pool_span(a, k_cache, v_cache, dev)  # scattered pages of one sequence: no gather
+        if span is not None:
+            k4, v4, mask = span
+            if softcap > 0:
+                bias = torch.where(mask, 0.0, -math.inf).to(torch.promote_types(q.dtype, torch.float32))
+                out, lse = _softcapped(q4, k4, v4, bias, scale, float(softcap))
+            else:
+                vis = Visibility(tq, k4.shape[2], attn_mask=mask)
+                out, lse = engine.attention(
+                    q4, k4, v4, engine.make_problem(q4, k4, v4, vis, scale, defer_kv=True)
+                )
+            return _result(out, lse, q.dtype, return_softmax_lse)
     k4 = _visible(a, k_cache, block_table, c0, c1)
     v4 = _visible(a, v_cache, block_table, c0, c1)
     tk = c1 - c0
@@ -528,8 +572,12 @@ def flash_attn_with_kvcache(
     else:
         prob = engine.make_problem(q4, k4, v4, vis, scale, defer_kv=True)
         out, lse = engine.attention(q4, k4, v4, prob)
-    out = out.to(q.dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv)
+    return _result(out, lse, q.dtype, return_softmax_lse)
+
+
+def _result(out, lse, dtype, return_softmax_lse: bool):
+    out = out.to(dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv)
     if not return_softmax_lse:
         return out
     lse = lse.float()
-    return out, torch.where(lse == -math.inf, torch.full((), math.inf, device=dev), lse)
+    return out, torch.where(lse == -math.inf, torch.full((), math.inf, device=lse.device), lse)
