@@ -48,7 +48,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import engine
+from .kernels import engine, vendor
+from .kernels.plan import Call, Plan
 from .visibility import Visibility
 
 __all__ = ["flash_attn_with_kvcache", "apply_rotary"]
@@ -541,9 +542,7 @@ def flash_attn_with_kvcache(
                 out, lse = _softcapped(q4, k4, v4, bias, scale, float(softcap))
             else:
                 vis = Visibility(tq, k4.shape[2], attn_mask=mask)
-                out, lse = engine.attention(
-                    q4, k4, v4, engine.make_problem(q4, k4, v4, vis, scale, defer_kv=True)
-                )
+                out, lse = engine.attention(q4, k4, v4, _problem(q4, k4, v4, vis, scale))
             return _result(out, lse, q.dtype, return_softmax_lse)
     k4 = _visible(a, k_cache, block_table, c0, c1)
     v4 = _visible(a, v_cache, block_table, c0, c1)
@@ -570,9 +569,25 @@ def flash_attn_with_kvcache(
             bias = torch.where(bias, 0.0, -math.inf).to(torch.promote_types(q.dtype, torch.float32))
         out, lse = _softcapped(q4, k4, v4, bias, scale, float(softcap))
     else:
-        prob = engine.make_problem(q4, k4, v4, vis, scale, defer_kv=True)
-        out, lse = engine.attention(q4, k4, v4, prob)
+        out, lse = engine.attention(q4, k4, v4, _problem(q4, k4, v4, vis, scale))
     return _result(out, lse, q.dtype, return_softmax_lse)
+
+
+def _problem(q4, k4, v4, vis: Visibility, scale: float) -> engine.Problem:
+    """The engine's problem; a decode step (every query row sees every key the mask shows: one query with
+    causal, or no causal/window) is one kernel call, planned here without the planner's general machinery
+    (it costs as much as the kernel at short contexts)."""
+    one_call = vis.q_len == 1 or not vis.structural
+    if not one_call or (vis.attn_mask is not None and vis.attn_mask.shape[-2] != 1):
+        return engine.make_problem(q4, k4, v4, vis, scale, defer_kv=True)
+    kernel, reason = engine.choose_kernel(q4, k4, v4, vis, defer_kv=True)
+    if kernel != "vendor":
+        return engine.make_problem(q4, k4, v4, vis, scale, defer_kv=True)
+    call = Call(0, vis.q_len, 0, vis.k_len, tile=vis.attn_mask is not None)
+    return engine.Problem(
+        vis=vis, scale=scale, plan=Plan([call], "single"), kernel=kernel, reason=reason,
+        compute=vendor.compute_dtype(q4.device, q4.dtype), verify=True,
+    )  # fmt: skip
 
 
 def _result(out, lse, dtype, return_softmax_lse: bool):
