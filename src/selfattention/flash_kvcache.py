@@ -140,11 +140,11 @@ def _visible(a: KVCacheArgs, cache: torch.Tensor, block_table, c0: int, c1: int)
     return view[:, off : off + c1 - c0].transpose(1, 2)
 
 
-def _pool_span(a: KVCacheArgs, k_cache, v_cache, device):
+def _pool_span(a: KVCacheArgs, k_cache, v_cache, block_table, device):
     """One sequence whose pages lie scattered in a dense stretch of the pool: its keys in pool order (a
     view, no copy) with a key mask of its own positions — valid whenever key order does not matter (one
     query, or no causal/window, and no ALiBi). None when the stretch is more than twice its pages."""
-    pages = a.pages[0]
+    pages = block_table[0, : a.pages[0]].tolist()
     if not pages:
         return None
     lo, hi = min(pages), max(pages) + 1
@@ -324,8 +324,8 @@ def flash_attn_with_kvcache(
         return (out, lse) if return_softmax_lse else out
     q4 = q.transpose(1, 2)  # (B, H, Tq, D)
     order_free = alibi_slopes is None and a.left < 0 and (tq == 1 or a.right < 0)
-    if a.page and a.batch == 1 and order_free and _affine(block_table[:, : len(a.pages[0])].long()) is None:
-        span = _pool_span(a, k_cache, v_cache, dev)  # scattered pages of one sequence: no gather
+    if a.page and a.batch == 1 and order_free and _affine(block_table[:, : a.pages[0]].long()) is None:
+        span = _pool_span(a, k_cache, v_cache, block_table, dev)  # scattered pages of one sequence: no gather
         if span is not None:
             k4, v4, mask = span
             if softcap > 0:

@@ -26,7 +26,7 @@ class KVCacheArgs:
     rows: list[int] | None  # cache_batch_idx, or None = 0 … B-1
     capacity: int  # positions one sequence can hold
     page: int  # page size (0 = contiguous cache)
-    pages: list[list[int]] | None  # block table rows (the pages each sequence uses after the call)
+    pages: list[int] | None  # pages each sequence uses after the call (block table columns)
     left: int
     right: int
 
@@ -151,28 +151,7 @@ def check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_
                 raise ValueError(f"cache_leftpad[{b}] = {lp} must be in [0, cache_seqlens[{b}] = {n}]")
     pages = None
     if paged:
-        table = block_table.tolist()
-        pages, writer = [], {}
-        for b in range(batch):
-            used = table[b][: -(-(seqlens[b] + new) // page)]
-            for j, p in enumerate(used):
-                if not 0 <= p < num_pages:
-                    raise ValueError(
-                        f"block_table[{b}, {j}] = {p} points outside the pool of {num_pages} pages"
-                    )
-            if len(set(used)) != len(used):
-                dup = next(p for p in used if used.count(p) > 1)
-                raise ValueError(
-                    f"block_table row {b} uses page {dup} twice (a sequence's pages must be distinct)"
-                )
-            for j in range(seqlens[b] // page, len(used)) if new else ():
-                p = used[j]
-                if writer.setdefault(p, b) != b:
-                    raise ValueError(
-                        f"page {p} would be written by sequences {writer[p]} and {b} (block_table[{b}, {j}]); "
-                        "copy a shared page before appending to it"
-                    )
-            pages.append(used)
+        pages = _check_table(block_table, seqlens, new, page, num_pages)
     if not isinstance(window_size, tuple | list) or len(window_size) != 2:
         raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
     left, right = (int(x) for x in window_size)
@@ -217,3 +196,42 @@ def check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0, got {num_splits!r}")
     return KVCacheArgs(batch, q_len, new, seqlens, leftpad, rows, capacity, page, pages, left, right)
+
+
+def _check_table(
+    block_table: torch.Tensor, seqlens: list[int], new: int, page: int, num_pages: int
+) -> list[int]:
+    """Validate the block table entries a call uses (vectorised: a table has B × pages entries); returns the
+    number of pages each sequence uses."""
+    batch, width = block_table.shape
+    n_used = [-(-(n + new) // page) for n in seqlens]
+    table = block_table.long()
+    col = torch.arange(width, device=table.device)
+    used = col[None] < torch.tensor(n_used, device=table.device)[:, None]  # (B, P)
+    bad = used & ((table < 0) | (table >= num_pages))
+    if bool(bad.any()):
+        b, j = (int(x) for x in bad.nonzero()[0])
+        raise ValueError(
+            f"block_table[{b}, {j}] = {int(table[b, j])} points outside the pool of {num_pages} pages"
+        )
+    # a page twice in one row: sort the used entries (unused ones made distinct negatives) and compare neighbours
+    marked = torch.where(used, table, -1 - col[None].expand_as(table))
+    srt = marked.sort(dim=1).values
+    twice = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
+    if bool(twice.any()):
+        b, j = (int(x) for x in twice.nonzero()[0])
+        raise ValueError(
+            f"block_table row {b} uses page {int(srt[b, j])} twice (a sequence's pages must be distinct)"
+        )
+    if new:  # the pages this call writes: a few per sequence
+        writer: dict[int, int] = {}
+        rows = block_table.tolist() if batch * width <= 4096 else None
+        for b in range(batch):
+            for j in range(seqlens[b] // page, n_used[b]):
+                p = rows[b][j] if rows is not None else int(table[b, j])
+                if writer.setdefault(p, b) != b:
+                    raise ValueError(
+                        f"page {p} would be written by sequences {writer[p]} and {b} (block_table[{b}, {j}]); "
+                        "copy a shared page before appending to it"
+                    )
+    return n_used
