@@ -391,9 +391,12 @@ def test_dtype_and_shape_mismatches():
         dict(new=3, causal=False),
         dict(new=1, causal=True, leftpad=(5,)),
         dict(new=1, causal=True, softcap=0.5),
+        dict(B=3, lens=(30, 0, 12), new=1, causal=True),  # several sequences: their queries rows of one call
+        dict(B=2, lens=(5, 20), new=2, causal=False, leftpad=(1, 3)),
+        dict(B=2, H=6, Hkv=2, lens=(7, 19), new=1, causal=True, softcap=1.5),
     ],
 )
-def test_one_sequence_on_scattered_pages_reads_the_pool_in_place(kw, monkeypatch):
+def test_scattered_pages_are_read_in_place(kw, monkeypatch):
     import selfattention.flash_kvcache as fk
 
     used = []

@@ -141,25 +141,31 @@ def _visible(a: KVCacheArgs, cache: torch.Tensor, block_table, c0: int, c1: int)
 
 
 def _pool_span(a: KVCacheArgs, k_cache, v_cache, block_table, device):
-    """One sequence whose pages lie scattered in a dense stretch of the pool: its keys in pool order (a
-    view, no copy) with a key mask of its own positions — valid whenever key order does not matter (one
-    query, or no causal/window, and no ALiBi). None when the stretch is more than twice its pages."""
-    pages = block_table[0, : a.pages[0]].tolist()
-    if not pages:
-        return None
-    lo, hi = min(pages), max(pages) + 1
-    if hi - lo > 2 * len(pages):
-        return None
+    """Sequences whose pages lie scattered in a dense stretch of the pool: the stretch in pool order (a view,
+    no copy) with a mask of each sequence's own slots — valid whenever key order does not matter (one query
+    per sequence, or no causal/window; no ALiBi). Every sequence's queries become rows of one problem over
+    the stretch, so the keys are read once. (K (1, Hkv, span, D), V, mask (B, span)) or None when the
+    stretch holds more than twice the pages in use."""
     ps = a.page
-    pos = torch.full((hi - lo, ps), -1, dtype=torch.long, device=device)
-    own = torch.tensor(pages, device=device) - lo
-    pos[own] = torch.arange(len(pages), device=device)[:, None] * ps + torch.arange(ps, device=device)
-    pos = pos.flatten()
-    end = a.seqlens[0] + a.new
-    mask = (pos >= a.leftpad[0]) & (pos < end)
+    n_used = torch.tensor(a.pages, device=device)
+    table = block_table[:, : max(a.pages)].long()
+    used = torch.arange(table.shape[1], device=device)[None] < n_used[:, None]  # (B, P)
+    if not bool(used.any()):
+        return None
+    pages = table[used]
+    lo, hi = int(pages.min()), int(pages.max()) + 1
+    if hi - lo > 2 * int(pages.unique().numel()):
+        return None
+    b_idx, j_idx = used.nonzero(as_tuple=True)
+    pos = torch.full((a.batch, hi - lo, ps), -1, dtype=torch.long, device=device)
+    pos[b_idx, table[b_idx, j_idx] - lo] = j_idx[:, None] * ps + torch.arange(ps, device=device)
+    pos = pos.flatten(1)  # (B, span): each slot's position in each sequence, −1 = not its slot
+    end = torch.tensor([n + a.new for n in a.seqlens], device=device)[:, None]
+    start = torch.tensor(a.leftpad, device=device)[:, None]
+    mask = (pos >= start) & (pos < end)
     k4 = k_cache[lo:hi].flatten(0, 1)[None].transpose(1, 2)  # (1, Hkv, span, D)
     v4 = v_cache[lo:hi].flatten(0, 1)[None].transpose(1, 2)
-    return k4, v4, mask[None, None, None]  # mask (1, 1, 1, span)
+    return k4, v4, mask
 
 
 def _mask(a: KVCacheArgs, c0: int, c1: int, row_dependent: bool, device) -> torch.Tensor:
@@ -324,16 +330,25 @@ def flash_attn_with_kvcache(
         return (out, lse) if return_softmax_lse else out
     q4 = q.transpose(1, 2)  # (B, H, Tq, D)
     order_free = alibi_slopes is None and a.left < 0 and (tq == 1 or a.right < 0)
-    if a.page and a.batch == 1 and order_free and _affine(block_table[:, : a.pages[0]].long()) is None:
-        span = _pool_span(a, k_cache, v_cache, block_table, dev)  # scattered pages of one sequence: no gather
+    if (
+        a.page
+        and a.batch * tq <= 64
+        and order_free
+        and _affine(block_table[:, : max(a.pages)].long()) is None
+    ):
+        span = _pool_span(a, k_cache, v_cache, block_table, dev)  # scattered pages: read in place, no gather
         if span is not None:
             k4, v4, mask = span
+            rows = mask.repeat_interleave(tq, 0)[None, None]  # (1, 1, B·Tq, span)
+            qr = q.reshape(1, b * tq, h, q.shape[-1]).transpose(1, 2)  # every query a row: (1, H, B·Tq, D)
             if softcap > 0:
-                bias = torch.where(mask, 0.0, -math.inf).to(torch.promote_types(q.dtype, torch.float32))
-                out, lse = _softcapped(q4, k4, v4, bias, scale, float(softcap))
+                bias = torch.where(rows, 0.0, -math.inf).to(torch.promote_types(q.dtype, torch.float32))
+                out, lse = _softcapped(qr, k4, v4, bias, scale, float(softcap))
             else:
-                vis = Visibility(tq, k4.shape[2], attn_mask=mask)
-                out, lse = engine.attention(q4, k4, v4, _problem(q4, k4, v4, vis, scale))
+                vis = Visibility(b * tq, k4.shape[2], attn_mask=rows)
+                out, lse = engine.attention(qr, k4, v4, _problem(qr, k4, v4, vis, scale, one_call=True))
+            out = out.unflatten(2, (b, tq)).permute(2, 0, 1, 3, 4).flatten(1, 2)  # (B, H, Tq, Dv)
+            lse = lse.unflatten(2, (b, tq)).permute(2, 0, 1, 3).flatten(1, 2)  # (B, H, Tq)
             return _result(out, lse, q.dtype, return_softmax_lse)
     k4 = _visible(a, k_cache, block_table, c0, c1)
     v4 = _visible(a, v_cache, block_table, c0, c1)
@@ -364,12 +379,14 @@ def flash_attn_with_kvcache(
     return _result(out, lse, q.dtype, return_softmax_lse)
 
 
-def _problem(q4, k4, v4, vis: Visibility, scale: float) -> engine.Problem:
+def _problem(q4, k4, v4, vis: Visibility, scale: float, *, one_call: bool = False) -> engine.Problem:
     """The engine's problem; a decode step (every query row sees every key the mask shows: one query with
     causal, or no causal/window) is one kernel call, planned here without the planner's general machinery
     (it costs as much as the kernel at short contexts)."""
-    one_call = vis.q_len == 1 or not vis.structural
-    if not one_call or (vis.attn_mask is not None and vis.attn_mask.shape[-2] != 1):
+    one_call = one_call or (
+        (vis.q_len == 1 or not vis.structural) and (vis.attn_mask is None or vis.attn_mask.shape[-2] == 1)
+    )
+    if not one_call:
         return engine.make_problem(q4, k4, v4, vis, scale, defer_kv=True)
     kernel, reason = engine.choose_kernel(q4, k4, v4, vis, defer_kv=True)
     if kernel != "vendor":
