@@ -185,6 +185,36 @@ def batched(lengths: list[int], new: int, rounds: int, d_model: int, layers: int
     }
 
 
+def _print_decode(d: dict, T: int) -> None:
+    print(f"\n1. decode step, context {T}, H = 8, D = 64, B = 1, float32")
+    for k, v in d["ms"].items():
+        print(f"   {k:26s} {v:8.3f} ms")
+    print(
+        f"   vs SDPA: {d['vs_sdpa']:.2f}× (target ≤ 1.1)   copy bandwidth {d['copy_GBps']:.1f} GB/s, the step reads "
+        f"K,V at {d['step_GBps']:.1f} GB/s = {d['fraction_of_copy_bw']:.2f} of it (target ≥ 0.8); SDPA "
+        f"{d['sdpa_GBps']:.1f} GB/s; max |Δ| vs SDPA {d['max_abs_diff_vs_sdpa']:.1e}"
+    )
+
+
+def _print_paged(rows: list[dict]) -> None:
+    print("\n2. paged vs contiguous (flash_attn_with_kvcache, one decode step)")
+    for r in rows:
+        print(
+            f"   B = {r['B']}, T = {r['T']:5d}  {r['layout']:20s} {r['ms']:8.3f} ms  {r['vs_contiguous']:.2f}× contiguous"
+            f"  (max |Δ| {r['max_abs_diff']:.1e})"
+        )
+
+
+def _print_batched(bt: dict, lengths: list[int], new: int) -> None:
+    print(f"\n3. batched decoding, prompts of lengths {lengths}, {new} new tokens each ({bt['model']})")
+    for k, v in bt["tokens_per_s"].items():
+        print(f"   {k:24s} {v:8.1f} tokens/s   ({bt['seconds'][k]:.3f} s)")
+    print(
+        f"   batched / sequential = {bt['batched_vs_sequential']:.2f}×, batched / padded = {bt['batched_vs_padded']:.2f}×;"
+        f" batched tokens identical to the sequential runs: {bt['batched_tokens_equal_sequential']}"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="small sizes (seconds)")
@@ -192,6 +222,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--parts", default="1,2,3", help="which measurements (1 decode, 2 paged, 3 batched)")
     p.add_argument("--json", type=Path, default=ROOT / "benchmarks" / "results" / "kvcache_bench.json")
     a = p.parse_args()
     if a.threads:
@@ -203,33 +234,18 @@ def main() -> None:
     print(
         f"kvcache benchmark: torch {torch.__version__}, {torch.get_num_threads()} threads (a shared machine)"
     )
-
-    d = decode_step(T, 8, 64, rounds)
-    print(f"\n1. decode step, context {T}, H = 8, D = 64, B = 1, float32")
-    for k, v in d["ms"].items():
-        print(f"   {k:26s} {v:8.3f} ms")
-    print(
-        f"   vs SDPA: {d['vs_sdpa']:.2f}× (target ≤ 1.1)   copy bandwidth {d['copy_GBps']:.1f} GB/s, the step reads "
-        f"K,V at {d['step_GBps']:.1f} GB/s = {d['fraction_of_copy_bw']:.2f} of it (target ≥ 0.8); SDPA "
-        f"{d['sdpa_GBps']:.1f} GB/s; max |Δ| vs SDPA {d['max_abs_diff_vs_sdpa']:.1e}"
-    )
-    rows = []
-    for batch in (1, 8):
-        rows += paged(T if batch == 1 else T // 2, 8, 64, batch, rounds)
-    print("\n2. paged vs contiguous (flash_attn_with_kvcache, one decode step)")
-    for r in rows:
-        print(
-            f"   B = {r['B']}, T = {r['T']:5d}  {r['layout']:20s} {r['ms']:8.3f} ms  {r['vs_contiguous']:.2f}× contiguous"
-            f"  (max |Δ| {r['max_abs_diff']:.1e})"
-        )
-    bt = batched(lengths, new, max(1, rounds // 5), 256 if not a.small else 64, 4 if not a.small else 2)
-    print(f"\n3. batched decoding, prompts of lengths {lengths}, {new} new tokens each ({bt['model']})")
-    for k, v in bt["tokens_per_s"].items():
-        print(f"   {k:24s} {v:8.1f} tokens/s   ({bt['seconds'][k]:.3f} s)")
-    print(
-        f"   batched / sequential = {bt['batched_vs_sequential']:.2f}×, batched / padded = {bt['batched_vs_padded']:.2f}×;"
-        f" batched tokens identical to the sequential runs: {bt['batched_tokens_equal_sequential']}"
-    )
+    parts = {int(x) for x in a.parts.split(",")}
+    d, rows, bt = {}, [], {}
+    if 1 in parts:
+        d = decode_step(T, 8, 64, rounds)
+        _print_decode(d, T)
+    if 2 in parts:
+        for batch in (1, 8):
+            rows += paged(T if batch == 1 else T // 2, 8, 64, batch, rounds)
+        _print_paged(rows)
+    if 3 in parts:
+        bt = batched(lengths, new, max(1, rounds // 5), 256 if not a.small else 64, 4 if not a.small else 2)
+        _print_batched(bt, lengths, new)
     meta = {
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

@@ -249,3 +249,22 @@ def test_errors_name_the_value_and_change_nothing():
         KVCache(1, 1, 4, 10, page_size=4)
     with pytest.raises(ValueError, match="needs per-sequence lengths"):
         KVCache(1, 1, 4, 10).fork(0, 0)
+
+
+@pytest.mark.parametrize("page", [None, 4])
+def test_assign_a_sequence_prefilled_alone(page):
+    mha = _model(seed=9)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(7, E, generator=gen, dtype=torch.float64)
+    alone = _cache(mha, 1, 8)
+    mha(x[None, :6], kv_cache=alone)
+    cache = _cache(mha, 2, 8, page=page)
+    cache.assign(1, alone.keys()[0], alone.values()[0])
+    assert cache.lengths.tolist() == [0, 6]
+    out = _step(mha, cache, [x[:0], x], [0, 6], [0, 1])
+    torch.testing.assert_close(out[1][1], _alone(mha, x)[6:7], atol=1e-10, rtol=1e-10)
+    with pytest.raises(ValueError, match=r"sequence 1 holds 7 tokens: release\(1\) before assigning"):
+        cache.assign(1, alone.keys()[0], alone.values()[0])
+    with pytest.raises(ValueError, match=r"shape"):
+        cache.assign(0, alone.keys()[0, :1], alone.values()[0, :1])
+    assert cache.lengths.tolist() == [0, 7]

@@ -261,6 +261,13 @@ class KVCache:
         self._need_ragged("release")
         _serving.release(self, b)
 
+    def assign(self, b: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Fill the empty sequence ``b`` with keys (Hkv, T, D) and values (Hkv, T, Dv) at positions 0 … T − 1:
+        a sequence prefilled on its own (e.g. with a one-row cache) joins the batch. ``ValueError`` if the
+        slot is not empty, shapes/dtype/device do not match, or it does not fit; nothing changes then."""
+        self._need_ragged("assign")
+        _serving.assign(self, b, key, value)
+
     def fork(self, src: int, dst: int) -> None:
         """Sequence ``dst`` continues from a copy of ``src`` (prefix sharing; paged: the pages are shared,
         copy-on-write on append)."""

@@ -10,7 +10,7 @@ import torch
 
 from .visibility import Visibility
 
-__all__ = ["update", "reorder", "fork", "release", "gather"]
+__all__ = ["update", "assign", "reorder", "fork", "release", "gather"]
 
 
 def _fmt(values) -> str:
@@ -91,9 +91,18 @@ def update(cache, key: torch.Tensor, value: torch.Tensor, key_padding_mask: torc
     else:
         keys, values = cache.key[:, :, :tk], cache.value[:, :, :tk]
     # query i of sequence b at position old[b] + i sees keys j <= old[b] + i that exist (j < new length)
-    rows = torch.arange(n if n > 1 else 1, device=dev)[None, :, None]
     j = torch.arange(tk, device=dev)
     end = torch.tensor(cache._lengths, device=dev)[:, None, None]
+    if n > 1 and len(set(old.tolist())) == 1:  # the same past everywhere (a ragged prefill): causal at one
+        # offset + a key mask, the engine's structural plan, no (B, 1, Tq, Tk) mask
+        keys_ok = (j < end)[:, None]  # (B, 1, 1, Tk)
+        at = int(old[0])
+        return (
+            keys,
+            values,
+            Visibility(n, tk, is_causal=True, window=cache.window, q_offset=at, attn_mask=keys_ok),
+        )
+    rows = torch.arange(n if n > 1 else 1, device=dev)[None, :, None]
     qpos = old[:, None, None] + rows
     ok = (j < end) & (j <= qpos)
     if cache.window is not None:
@@ -153,3 +162,39 @@ def release(cache, b: int) -> None:
     cache._lengths[b] = 0
     cache._finished.discard(b)
     cache.offset = max(cache._lengths) if cache.ragged else cache.offset
+
+
+def assign(cache, b: int, key: torch.Tensor, value: torch.Tensor) -> None:
+    """Fill the empty sequence ``b`` with ``key`` (Hkv, T, D) / ``value`` (Hkv, T, Dv) at positions 0 … T − 1
+    (a sequence prefilled elsewhere joins the batch: continuous batching)."""
+    _check_slot(cache, "sequence", b)
+    if cache._lengths[b]:
+        raise ValueError(
+            f"sequence {b} holds {cache._lengths[b]} tokens: release({b}) before assigning to it"
+        )
+    n = cache._check(
+        key[None].expand(cache.batch_size, *key.shape),
+        value[None].expand(cache.batch_size, *value.shape),
+        None,
+    )
+    counts = [0] * cache.batch_size
+    counts[b] = n
+    cache._finished.discard(b)
+    _check_room(cache, counts)
+    need = cache.pages.plan(counts) if cache.pages is not None else []
+    # ---- nothing below raises
+    if cache.pages is not None:
+        cache.pages.apply(need)
+        ps = cache.page_size
+        pos = torch.arange(n, device=cache.device)
+        page = cache.pages.tensor[b].long()[pos // ps]
+        cache.key_pages.index_put_((page, pos % ps), key.detach().transpose(0, 1))
+        cache.value_pages.index_put_((page, pos % ps), value.detach().transpose(0, 1))
+    else:
+        cache.key[b, :, :n] = key.detach()
+        cache.value[b, :, :n] = value.detach()
+    cache.real[b, :n] = True
+    cache._lengths[b] = n
+    if cache.pages is not None:
+        cache.pages.lengths[b] = n
+    cache.offset = max(cache._lengths)

@@ -1,9 +1,9 @@
 """Batched generation: several prompts of different lengths decoded together, each finishing on its own.
 
-The prompts are right-padded into one (B, T_max) prefill whose ``key_padding_mask`` marks each row's real
-tokens; the per-layer caches are ragged (:class:`~selfattention.KVCache` with ``ragged=True`` or
-``page_size=``), so row b stores only its own tokens, at its own positions, and every decode step is one
-batched forward of B single tokens. A sequence that reaches its ``max_new_tokens`` or emits
+Each prompt is prefilled on its own (no padding to the longest prompt) and joins the per-layer ragged
+caches (:class:`~selfattention.KVCache` with ``ragged=True`` or ``page_size=``, :meth:`KVCache.assign`), so
+row b holds only its own tokens, at its own positions, and every decode step is one batched forward of B
+single tokens (a finished row is padding). A sequence that reaches its ``max_new_tokens`` or emits
 ``stop_token`` is finished: its row is padding from then on (its cache takes nothing more). Each sequence
 draws its random numbers from its own generator, seeded ``sampling.seed + b``: sequence b's tokens are
 exactly those of ``generate(model, prompts[b], …, sampling=Sampling(…, seed=seed + b))`` run alone, cached
@@ -104,10 +104,16 @@ def generate_batch(
     active = [n > 0 for n in counts]
     caches = None
     if use_cache:
-        caches = model.new_caches(
-            b_n, max(len(p) + n for p, n in zip(ids, counts, strict=True)), ragged=True, page_size=page_size
-        )
-        logits = model(batch, caches, real)[rows, torch.tensor(lens, device=dev) - 1]  # (B, vocab)
+        cap = max(len(p) + n for p, n in zip(ids, counts, strict=True))
+        caches = model.new_caches(b_n, cap, ragged=True, page_size=page_size)
+        # prefill each prompt on its own (no padding to the longest), then it joins the batch's caches
+        last = []
+        for b, p in enumerate(ids):
+            own = model.new_caches(1, len(p), ragged=True)  # (ragged: a window masks, evicts nothing)
+            last.append(model(torch.tensor([p], device=dev), own)[0, -1])
+            for c, o in zip(caches, own, strict=True):
+                c.assign(b, o.keys()[0], o.values()[0])
+        logits = torch.stack(last)  # (B, vocab)
     else:
         logits = model(batch, key_padding_mask=real)[rows, torch.tensor(lens, device=dev) - 1]
     while any(active):
