@@ -15,7 +15,8 @@
     .venv/bin/python benchmarks/kvcache_bench.py                 # full sizes (a few minutes on 2 cores)
     .venv/bin/python benchmarks/kvcache_bench.py --small         # seconds: develop / smoke-test
 
-Medians of interleaved repeats (each peer once per round), so drifts of a shared machine hit all alike.
+Medians of interleaved repeats (each peer once per round, the order rotated every round), so drifts of a
+shared machine and cache warmth hit all alike.
 """
 
 from __future__ import annotations
@@ -42,8 +43,11 @@ def interleaved(fns: dict, rounds: int, inner: int = 1) -> dict[str, float]:
     times: dict[str, list[float]] = {k: [] for k in fns}
     for f in fns.values():  # warm-up
         f()
-    for _ in range(rounds):
-        for name, f in fns.items():
+    items = list(fns.items())
+    for r in range(rounds):
+        # rotate the order every round: each peer follows each other one equally often (a call that reads
+        # what the previous one just read finds it in the cache; a fixed order would favour one peer)
+        for name, f in items[r % len(items) :] + items[: r % len(items)]:
             t0 = time.perf_counter()
             for _ in range(inner):
                 f()
