@@ -112,6 +112,13 @@ def _affine(rows: torch.Tensor) -> tuple[int, int] | None:
     return starts[0], step
 
 
+def _run(a: KVCacheArgs, block_table: torch.Tensor, p0: int, p1: int) -> tuple[int, int] | None:
+    """:func:`_affine` of block-table columns [p0, p1), computed once per call (keys and values share it)."""
+    if (p0, p1) not in a.memo:
+        a.memo[(p0, p1)] = _affine(block_table[:, p0:p1].long())
+    return a.memo[(p0, p1)]
+
+
 def _visible(a: KVCacheArgs, cache: torch.Tensor, block_table, c0: int, c1: int) -> torch.Tensor:
     """Keys (or values) at positions [c0, c1) of every sequence, (B, Hkv, c1 − c0, D): a view when possible."""
     if not a.page:
@@ -123,9 +130,8 @@ def _visible(a: KVCacheArgs, cache: torch.Tensor, block_table, c0: int, c1: int)
         return cache[:, c0:c1].index_select(0, idx).transpose(1, 2)  # a copy of the visible span only
     ps = a.page
     p0, p1 = c0 // ps, -(-c1 // ps)
-    sel = block_table[:, p0:p1].long()
     hk, d = cache.shape[2], cache.shape[3]
-    run = _affine(sel) if cache.is_contiguous() else None
+    run = _run(a, block_table, p0, p1) if cache.is_contiguous() else None
     if run is not None:
         first, step = run
         step = step if a.batch > 1 else p1 - p0  # (one sequence: a natural stride, not 0)
@@ -135,7 +141,7 @@ def _visible(a: KVCacheArgs, cache: torch.Tensor, block_table, c0: int, c1: int)
             cache.storage_offset() + first * ps * hk * d,
         )
     else:  # scattered pages: gather the visible pages (not the pool)
-        view = cache[sel].flatten(1, 2)  # (B, P·ps, Hkv, D)
+        view = cache[block_table[:, p0:p1].long()].flatten(1, 2)  # (B, P·ps, Hkv, D)
     off = c0 - p0 * ps
     return view[:, off : off + c1 - c0].transpose(1, 2)
 
@@ -330,12 +336,7 @@ def flash_attn_with_kvcache(
         return (out, lse) if return_softmax_lse else out
     q4 = q.transpose(1, 2)  # (B, H, Tq, D)
     order_free = alibi_slopes is None and a.left < 0 and (tq == 1 or a.right < 0)
-    if (
-        a.page
-        and a.batch * tq <= 64
-        and order_free
-        and _affine(block_table[:, : max(a.pages)].long()) is None
-    ):
+    if a.page and a.batch * tq <= 64 and order_free and _run(a, block_table, 0, max(a.pages)) is None:
         span = _pool_span(a, k_cache, v_cache, block_table, dev)  # scattered pages: read in place, no gather
         if span is not None:
             k4, v4, mask = span

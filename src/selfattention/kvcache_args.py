@@ -3,7 +3,7 @@ written: every failure names the argument and its value (see that function's doc
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,6 +29,7 @@ class KVCacheArgs:
     pages: list[int] | None  # pages each sequence uses after the call (block table columns)
     left: int
     right: int
+    memo: dict = field(default_factory=dict)  # per-call results shared by keys and values
 
 
 def check_index(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
