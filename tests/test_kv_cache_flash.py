@@ -406,3 +406,11 @@ def test_scattered_pages_are_read_in_place(kw, monkeypatch):
     args.update(kw)
     _check_against_oracle(**args)
     assert used  # the path without a gather was taken
+
+
+def test_device_mismatch_names_both_devices():
+    q, kc, vc, k = _setup()
+    with pytest.raises(ValueError, match=r"k_cache is on cpu but q is on meta"):
+        flash_attn_with_kvcache(q.to("meta"), kc, vc)
+    with pytest.raises(ValueError, match=r"k is on meta but the cache is on cpu"):
+        flash_attn_with_kvcache(q, kc, vc, k.to("meta"), k.to("meta"), cache_seqlens=1)
