@@ -114,7 +114,7 @@ class KVCache:
     >>> from selfattention.masks import draw
     >>> _, _, visibility = cache.update(torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2))  # positions 3-4
     >>> visibility
-    Visibility(q_len=2, k_len=5, is_causal=True, window=None, q_offset=None)
+    Visibility(q_len=2, k_len=5, is_causal=True, window=None, q_offset=None, doc_offset=None)
     >>> print(draw(visibility))
     1 1 1 1 0
     1 1 1 1 1
