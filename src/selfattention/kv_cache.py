@@ -27,6 +27,25 @@ and after the call only the keys a future token can still see are kept: the last
 3, 4). A prefill chunk longer than the window is handled: the chunk first attends over [cache ∪ chunk]
 (its early queries need keys that are evicted afterwards), then the cache drops what no later query can see.
 
+Serving (``ragged=True``, or ``page_size=`` for paged storage): every sequence has its own length
+(``lengths``), so prompts of different lengths are prefilled together (a right-padded chunk whose
+``key_padding_mask`` marks each row's real tokens: only those are stored), sequences finish
+(:meth:`finish`) and slots are reused (:meth:`release`), beams are reordered (:meth:`reorder`) and a
+prefix is shared (:meth:`fork`). Query i of sequence b sits at position ``lengths[b] + i``; two sequences
+of lengths 3 and 1 taking 2 and 1 new tokens (the second row of sequence 1 is padding)::
+
+    keys →          0 1 2 3 4
+    seq 0, query 0  1 1 1 1 0        (position 3)
+    seq 0, query 1  1 1 1 1 1        (position 4)
+    seq 1, query 0  1 1 0 0 0        (position 1)
+    seq 1, query 1  1 1 0 0 0        (padding: sees the real keys, its output is meaningless)
+
+With ``page_size`` the keys live in a page pool with a block table (:mod:`selfattention.kv_pages`):
+a sequence holds ⌈length / page_size⌉ pages, forks and reorders share pages (copy-on-write on append),
+and :attr:`pages_used` / :attr:`bytes` account for the memory. Paged and contiguous caches give identical
+outputs. The same buffers serve :func:`selfattention.flash_kvcache.flash_attn_with_kvcache` directly
+(:meth:`flash_args`).
+
 Sources: lecture 003 §5 ("第 22 讲的 KV Cache ... 之前位置的 K、V 一旦算过就不会变，可以缓存下来");
 Pope et al. 2022, "Efficiently Scaling Transformer Inference" (KV cache); Beltagy et al. 2020 and
 Jiang et al. 2023 (Mistral 7B) for the sliding window / rolling cache.
@@ -36,10 +55,12 @@ from __future__ import annotations
 
 import torch
 
+from . import kv_serving as _serving
 from ._validation import check_positive_int
+from .kv_pages import PageTable, PoolExhaustedError
 from .visibility import Visibility
 
-__all__ = ["KVCache", "CacheCapacityError"]
+__all__ = ["KVCache", "CacheCapacityError", "PoolExhaustedError"]
 
 
 class CacheCapacityError(ValueError):
@@ -69,12 +90,21 @@ class KVCache:
             keeps only the W - 1 most recent keys between calls.
         value_dim: Dv (default ``head_dim``).
         dtype, device: of the buffers (float32 and CPU by default).
+        ragged: per-sequence lengths (serving; see the module docstring). A window then masks but does
+            not evict: ``capacity`` must hold every token.
+        page_size: store keys/values in pages of this many positions (implies ``ragged``); ``capacity``
+            (the most positions of one sequence) must be a multiple of it. ``key``/``value`` are then the
+            page pools (num_pages, page_size, Hkv, D), flash-attn's layout, and ``pages`` the block table.
+        num_pages: pages in the pool (default ``batch_size · capacity / page_size``: every sequence can
+            reach its capacity; fewer is fine when sequences share pages or finish early).
 
     Attributes:
-        offset: tokens seen so far = absolute position of the next token.
+        offset: tokens seen so far = absolute position of the next token (ragged: of the longest sequence).
+        lengths: int64 (B,) tokens stored per sequence.
 
     Raises:
-        TypeError/ValueError: non-positive sizes, ``capacity < window``.
+        TypeError/ValueError: non-positive sizes, ``capacity < window``, ``capacity`` not a multiple of
+        ``page_size``.
 
     >>> cache = KVCache(batch_size=1, num_kv_heads=1, head_dim=2, capacity=8)
     >>> k = torch.randn(1, 1, 3, 2)
@@ -84,7 +114,7 @@ class KVCache:
     >>> from selfattention.masks import draw
     >>> _, _, visibility = cache.update(torch.randn(1, 1, 2, 2), torch.randn(1, 1, 2, 2))  # positions 3-4
     >>> visibility
-    Visibility(q_len=2, k_len=5, is_causal=True, window=None, q_offset=None)
+    Visibility(q_len=2, k_len=5, is_causal=True, window=None, q_offset=None, doc_offset=None)
     >>> print(draw(visibility))
     1 1 1 1 0
     1 1 1 1 1
@@ -101,6 +131,9 @@ class KVCache:
         value_dim: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
+        ragged: bool = False,
+        page_size: int | None = None,
+        num_pages: int | None = None,
     ) -> None:
         self.batch_size = check_positive_int("batch_size", batch_size)
         self.num_kv_heads = check_positive_int("num_kv_heads", num_kv_heads)
@@ -115,11 +148,42 @@ class KVCache:
             )
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating torch.dtype, got {dtype}")
-        # (B, Hkv, capacity, D) / (B, Hkv, capacity, Dv)
-        self.key = torch.zeros(batch_size, num_kv_heads, capacity, self.head_dim, dtype=dtype, device=device)
-        self.value = torch.zeros(
-            batch_size, num_kv_heads, capacity, self.value_dim, dtype=dtype, device=device
-        )
+        if not isinstance(ragged, bool):
+            raise TypeError(f"ragged must be a bool, got {type(ragged).__name__}")
+        self.page_size = None if page_size is None else check_positive_int("page_size", page_size)
+        self.ragged = ragged or page_size is not None
+        self.pages: PageTable | None = None
+        self._finished: set[int] = set()
+        if self.page_size is not None:
+            if capacity % self.page_size:
+                raise ValueError(
+                    f"capacity ({capacity}) must be a multiple of page_size ({self.page_size}): a sequence "
+                    f"holds whole pages; use capacity={-(-capacity // self.page_size) * self.page_size}"
+                )
+            per = capacity // self.page_size
+            n = batch_size * per if num_pages is None else check_positive_int("num_pages", num_pages)
+            self.pages = PageTable(batch_size, n, self.page_size, per, device=device)
+            # flash-attn's layout: (num_pages, page_size, Hkv, D)
+            self.key_pages = torch.zeros(
+                n, self.page_size, num_kv_heads, self.head_dim, dtype=dtype, device=device
+            )
+            self.value_pages = torch.zeros(
+                n, self.page_size, num_kv_heads, self.value_dim, dtype=dtype, device=device
+            )
+            self.key, self.value = self.key_pages, self.value_pages  # the pools (dtype, device)
+        elif num_pages is not None:
+            raise ValueError("num_pages needs page_size (a contiguous cache has no pages)")
+        else:
+            # (B, Hkv, capacity, D) / (B, Hkv, capacity, Dv)
+            self.key = torch.zeros(
+                batch_size, num_kv_heads, capacity, self.head_dim, dtype=dtype, device=device
+            )
+            self.value = torch.zeros(
+                batch_size, num_kv_heads, capacity, self.value_dim, dtype=dtype, device=device
+            )
+        self._lengths = [0] * batch_size
+        self.dtype = dtype
+        self.device = self.key.device
         self.real = torch.ones(batch_size, capacity, dtype=torch.bool, device=device)  # (B, capacity)
         self.offset = 0
         self._stored = 0  # keys in the buffer, the most recent positions in order
@@ -128,7 +192,9 @@ class KVCache:
     # ------------------------------------------------------------------ state
     @property
     def length(self) -> int:
-        """Stored keys a next token can still see (≤ W - 1 with a window)."""
+        """Stored keys a next token can still see (≤ W - 1 with a window; ragged: the longest sequence)."""
+        if self.ragged:
+            return self.offset
         if self.window is None:
             return self._stored
         return min(self._stored, self.window - 1)
@@ -141,11 +207,19 @@ class KVCache:
         return torch.arange(self.offset - self.length, self.offset, device=self.key.device)
 
     def keys(self) -> torch.Tensor:
-        """The kept keys, (B, Hkv, length, D) (a view, valid until the next :meth:`update`)."""
+        """The kept keys, (B, Hkv, length, D) (a view, valid until the next :meth:`update`; paged: a copy)."""
+        if self.pages is not None:
+            return _serving.gather(self, self.key_pages, self.length)
+        if self.ragged:
+            return self.key[:, :, : self.length]
         return self.key[:, :, self._stored - self.length : self._stored]
 
     def values(self) -> torch.Tensor:
-        """The kept values, (B, Hkv, length, Dv) (a view, valid until the next :meth:`update`)."""
+        """The kept values, (B, Hkv, length, Dv) (a view, valid until the next :meth:`update`; paged: a copy)."""
+        if self.pages is not None:
+            return _serving.gather(self, self.value_pages, self.length)
+        if self.ragged:
+            return self.value[:, :, : self.length]
         return self.value[:, :, self._stored - self.length : self._stored]
 
     def positions(self, n: int) -> torch.Tensor:
@@ -158,9 +232,92 @@ class KVCache:
         self._stored = 0
         self._padded = False
         self.real.fill_(True)
+        for b in range(self.batch_size):
+            _serving.release(self, b)
+
+    # ------------------------------------------------------------------ serving
+    @property
+    def lengths(self) -> torch.Tensor:
+        """Tokens stored per sequence, int64 (B,) (all equal to ``offset`` in a lockstep cache)."""
+        if not self.ragged:
+            return torch.full((self.batch_size,), self.offset, dtype=torch.int64)
+        return torch.tensor(self._lengths, dtype=torch.int64)
+
+    def positions_per_sequence(self, n: int) -> torch.Tensor:
+        """Positions of each sequence's next ``n`` tokens, int64 (B, n): ``lengths[b] + 0 … n − 1``."""
+        return self.lengths.to(self.device)[:, None] + torch.arange(n, device=self.device)
+
+    @property
+    def finished(self) -> list[int]:
+        """Sequences marked by :meth:`finish` (they take no more tokens until :meth:`release`)."""
+        return sorted(self._finished)
+
+    def finish(self, b: int) -> None:
+        """Mark sequence b finished: appending a real token to it raises ``ValueError`` (its keys stay)."""
+        self._finished.add(_serving._check_slot(self, "sequence", b))
+
+    def release(self, b: int) -> None:
+        """Empty sequence b and free its pages: the slot takes a new sequence (continuous batching)."""
+        self._need_ragged("release")
+        _serving.release(self, b)
+
+    def assign(self, b: int, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Fill the empty sequence ``b`` with keys (Hkv, T, D) and values (Hkv, T, Dv) at positions 0 … T − 1:
+        a sequence prefilled on its own (e.g. with a one-row cache) joins the batch. ``ValueError`` if the
+        slot is not empty, shapes/dtype/device do not match, or it does not fit; nothing changes then."""
+        self._need_ragged("assign")
+        _serving.assign(self, b, key, value)
+
+    def fork(self, src: int, dst: int) -> None:
+        """Sequence ``dst`` continues from a copy of ``src`` (prefix sharing; paged: the pages are shared,
+        copy-on-write on append)."""
+        self._need_ragged("fork")
+        _serving.fork(self, src, dst)
+
+    def reorder(self, indices: torch.Tensor | list[int]) -> None:
+        """Beam search: sequence b becomes old sequence ``indices[b]`` (paged: only the block table moves)."""
+        if not self.ragged and self.window is not None:
+            raise ValueError("reorder of a lockstep cache with a window is not supported; use ragged=True")
+        _serving.reorder(self, indices)
+
+    @property
+    def pages_used(self) -> int:
+        """Pages holding keys: referenced pages of a paged cache; a contiguous cache counts one page of
+        ``capacity`` positions per sequence."""
+        return self.pages.pages_used if self.pages is not None else self.batch_size
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of keys and values in :attr:`pages_used` (a contiguous cache: its whole buffers)."""
+        per_pos = self.num_kv_heads * (self.head_dim + self.value_dim) * self.key.element_size()
+        size = self.page_size if self.page_size is not None else self.capacity
+        return self.pages_used * size * per_pos
+
+    def flash_args(self) -> dict:
+        """``k_cache``, ``v_cache``, ``cache_seqlens`` (and ``block_table``) for
+        :func:`~selfattention.flash_kvcache.flash_attn_with_kvcache` reading this cache as it is (flash-attn's
+        layout: a view of the contiguous buffers, or the page pools)."""
+        self._need_ragged("flash_args")
+        seqlens = torch.tensor(self._lengths, dtype=torch.int32, device=self.device)
+        if self.pages is not None:
+            return dict(k_cache=self.key_pages, v_cache=self.value_pages, cache_seqlens=seqlens,
+                        block_table=self.pages.tensor)  # fmt: skip
+        return dict(
+            k_cache=self.key.transpose(1, 2), v_cache=self.value.transpose(1, 2), cache_seqlens=seqlens
+        )
+
+    def _need_ragged(self, what: str) -> None:
+        if not self.ragged:
+            raise ValueError(
+                f"{what} needs per-sequence lengths: create the KVCache with ragged=True (or page_size)"
+            )
 
     def __repr__(self) -> str:
         w = "" if self.window is None else f", window={self.window}"
+        if self.ragged:
+            w += f", lengths={self._lengths}" + (
+                "" if self.page_size is None else f", page_size={self.page_size}"
+            )
         return (
             f"KVCache(batch_size={self.batch_size}, num_kv_heads={self.num_kv_heads}, "
             f"head_dim={self.head_dim}, capacity={self.capacity}{w}, offset={self.offset}, "
@@ -231,8 +388,27 @@ class KVCache:
 
         Raises:
             CacheCapacityError: without a window, when ``offset + Tq > capacity``; the cache is unchanged.
+            ValueError (ragged/paged): a key_padding_mask row that is not real tokens then padding, tokens
+            for a finished sequence; :class:`PoolExhaustedError` when the page pool is full. Nothing changes.
+
+        Ragged/paged caches: row b's real tokens (``key_padding_mask`` True, first in the row) are stored at
+        positions ``lengths[b] …``; the mask is (B, 1, Tq or 1, Tk) and places query i of sequence b at
+        ``lengths[b] + i`` (see the module docstring). The returned keys are the stored (detached) ones:
+        no gradient reaches this call's new keys/values (serving is inference). Paged caches return a
+        gather of the visible pages; :func:`~selfattention.flash_kvcache.flash_attn_with_kvcache` with
+        :meth:`flash_args` reads the pool without it.
             TypeError/ValueError: shape, dtype or device not those of the cache.
         """
+        if self.ragged:
+            return _serving.update(self, key, value, key_padding_mask)
+        return self._update_lockstep(key, value, key_padding_mask)
+
+    def _update_lockstep(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, Visibility]:
         n = self._check(key, value, key_padding_mask)
         window = self.window
         if window is None and self._stored + n > self.capacity:

@@ -93,7 +93,13 @@ _HELP = N_(
 
 
 def generate_cmd(
-    prompt: str = typer.Option("The ", "--prompt", "-p", help=N_("Text to continue.")),
+    prompt: list[str] = typer.Option(
+        None,
+        "--prompt",
+        "-p",
+        help=N_('Text to continue (default "The "); give it several times to decode the prompts together.'),
+        show_default=False,
+    ),
     tokens: int = typer.Option(200, "--tokens", "-n", min=0, help=N_("How many characters to generate.")),
     temperature: float = typer.Option(
         None,
@@ -139,6 +145,7 @@ def generate_cmd(
     from ..decoder import CheckpointError, load_checkpoint, shipped_checkpoint
 
     sampling = _sampling(greedy, temperature, top_k, top_p, seed)
+    prompts = list(prompt) if prompt else ["The "]
     path = Path(checkpoint) if checkpoint is not None else shipped_checkpoint()
     if path.suffix != ".safetensors":
         raise UsageError(_("--checkpoint must name a .safetensors file, got {path}").format(path=path))
@@ -159,6 +166,10 @@ def generate_cmd(
         model, tok, _info = load_checkpoint(path)
     except (CheckpointError, FileNotFoundError) as e:
         raise UsageError(str(e)) from None
+    if len(prompts) > 1:
+        _generate_many(model, tok, prompts, tokens, sampling, no_cache, check)
+        return
+    prompt = prompts[0]
     if not prompt:
         raise UsageError(_("--prompt must not be empty"))
     try:
@@ -216,6 +227,81 @@ def generate_cmd(
             )
             raise typer.Exit(1)
         console.print(_timing_verdict(timing), highlight=False)
+
+
+def _generate_many(
+    model, tok, prompts: list[str], tokens: int, sampling, no_cache: bool, check: bool
+) -> None:
+    """Several prompts decoded together (ragged KV caches); --check: each against its own uncached run."""
+    from rich.text import Text
+
+    from ..decoder import generate, generate_batch, sequence_sampling
+
+    ids = []
+    for i, p in enumerate(prompts, start=1):
+        if not p:
+            raise UsageError(_("--prompt {i} must not be empty").format(i=i))
+        try:
+            ids.append(tok.encode(p))
+        except ValueError as e:
+            raise UsageError(_("--prompt {i}: {problem}").format(i=i, problem=e)) from None
+        ctx = model.config.context
+        if len(ids[-1]) + tokens > ctx:
+            raise UsageError(
+                _(
+                    "--prompt {i} ({n} characters) + --tokens {tokens} exceed the model's context of {ctx} "
+                    "positions"
+                ).format(i=i, n=len(ids[-1]), tokens=tokens, ctx=ctx)
+            )
+    use_cache = not no_cache
+    generate_batch(model, ids, min(tokens, 2), sampling=sampling, use_cache=use_cache)  # warm-up, untimed
+    t0 = time.perf_counter()
+    outs = generate_batch(model, ids, tokens, sampling=sampling, use_cache=use_cache)
+    secs = time.perf_counter() - t0
+    for p, out in zip(prompts, outs, strict=True):
+        console.print(Text.assemble((p, "bold"), tok.decode(out)), highlight=False)
+    line = sampling.describe()
+    if not sampling.greedy:
+        line += _(" (prompt i: seed + i − 1)")
+    console.print(f"[dim]{line}[/dim]", highlight=False)
+    total = sum(len(o) for o in outs)
+    rate = total / secs if secs > 0 else float("inf")
+    msg = (
+        _(
+            "{k} prompts, {n} tokens in {secs:.3f} s = [bold]{rate:.1f} tokens/s[/bold] decoded together with KV cache"
+        )
+        if use_cache
+        else _(
+            "{k} prompts, {n} tokens in {secs:.3f} s = [bold]{rate:.1f} tokens/s[/bold] together without cache"
+        )
+    )
+    console.print(msg.format(k=len(prompts), n=total, secs=secs, rate=rate), highlight=False)
+    if not check:
+        return
+    t0 = time.perf_counter()
+    alone = [
+        generate(model, x, tokens, sampling=sequence_sampling(sampling, i), use_cache=False).tolist()
+        for i, x in enumerate(ids)
+    ]
+    alone_secs = time.perf_counter() - t0
+    bad = [i for i, (a, b) in enumerate(zip(outs, alone, strict=True)) if a != b]
+    for i in bad:
+        first = next(j for j, (a, b) in enumerate(zip(outs[i], alone[i], strict=True)) if a != b)
+        console.print(
+            _(
+                "[bold red]FAIL[/bold red]: prompt {i} decoded in the batch differs from its own uncached run "
+                "(first at token {first})"
+            ).format(i=i + 1, first=first)
+        )
+    if bad:
+        raise typer.Exit(1)
+    console.print(
+        _(
+            "[bold green]PASS[/bold green]: every prompt decoded in the batch gives the tokens of its own "
+            "uncached run; the {k} runs alone took {ratio:.1f}× the time of the batch"
+        ).format(k=len(prompts), ratio=alone_secs / max(secs, 1e-12)),
+        highlight=False,
+    )
 
 
 generate_cmd.help_values = {"temperature": DEFAULT_TEMPERATURE, "top_k": DEFAULT_TOP_K}  # type: ignore[attr-defined]

@@ -6,6 +6,8 @@ generates with or without the KV cache: its purpose is to show that the cache ch
 * :mod:`.sampling` — :func:`generate`: greedy or sampled (:class:`Sampling`: temperature, top-k, top-p,
   seed), with the cache (one single-token step per new token) or without (recompute everything); the
   same tokens either way.
+* :mod:`.batch` — :func:`generate_batch`: several prompts of different lengths decoded together on
+  ragged (optionally paged) caches, each sequence finishing on its own, each the same tokens as alone.
 * :mod:`.training` — :func:`train` by step count, seeded, on CPython's own documentation prose
   (:func:`training_text`, no download); :data:`RECIPE` and :func:`train_recipe` make the shipped model.
 * :mod:`.checkpoint` — ``.safetensors`` weights + ``.json`` config; :func:`shipped_checkpoint` is the
@@ -21,6 +23,7 @@ True
 True
 """
 
+from .batch import generate_batch, sequence_sampling
 from .checkpoint import (
     FORMAT,
     CheckpointError,
@@ -57,6 +60,8 @@ __all__ = [
     "check_state_dict",
     "default_checkpoint",
     "generate",
+    "generate_batch",
+    "sequence_sampling",
     "held_out_loss",
     "load_checkpoint",
     "next_tokens",

@@ -129,7 +129,8 @@ class Decoder(nn.Module):
     * ``ids``: int64 (B, T) token ids.
     * ``caches``: None (the whole sequence, causal) or one :class:`KVCache` per layer from
       :meth:`new_caches`; the ids are then the next T tokens, at positions ``caches[0].offset …``.
-    * ``key_padding_mask``: bool (B, T), True = real token (right padding without a cache).
+    * ``key_padding_mask``: bool (B, T), True = real token (right padding without a cache, and with
+      ragged caches: row b's real tokens first, stored at its own positions ``lengths[b] …``).
     * Returns float logits (B, T, vocab_size).
 
     Raises ``ValueError`` when positions would exceed ``config.context`` or ids are out of range.
@@ -157,13 +158,41 @@ class Decoder(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def new_caches(self, batch_size: int, capacity: int | None = None) -> list[KVCache]:
-        """One :class:`KVCache` per layer (capacity defaults to ``config.context``; the config's window)."""
+    def new_caches(
+        self,
+        batch_size: int,
+        capacity: int | None = None,
+        *,
+        ragged: bool = False,
+        page_size: int | None = None,
+    ) -> list[KVCache]:
+        """One :class:`KVCache` per layer (capacity defaults to ``config.context``; the config's window).
+
+        ``ragged`` / ``page_size``: per-sequence lengths (and paged storage) for batched generation of
+        prompts of different lengths (see :class:`KVCache`); the capacity is rounded up to whole pages."""
         cfg = self.config
         capacity = cfg.context if capacity is None else capacity
         if cfg.window is not None:
             capacity = max(capacity if capacity is not None else 0, cfg.window)
-        return [b.attn.new_cache(batch_size, capacity, window=cfg.window) for b in self.blocks]
+        if not (ragged or page_size is not None):
+            return [b.attn.new_cache(batch_size, capacity, window=cfg.window) for b in self.blocks]
+        if page_size is not None:
+            capacity = -(-capacity // page_size) * page_size
+        w = self.head.weight
+        return [
+            KVCache(
+                batch_size,
+                b.attn.num_kv_heads,
+                b.attn.head_dim,
+                capacity,
+                window=cfg.window,
+                dtype=w.dtype,
+                device=w.device,
+                ragged=True,
+                page_size=page_size,
+            )  # fmt: skip
+            for b in self.blocks
+        ]
 
     def forward(
         self,
@@ -181,12 +210,23 @@ class Decoder(nn.Module):
             )
         if caches is not None and len(caches) != len(self.blocks):
             raise ValueError(f"need one KVCache per layer ({len(self.blocks)}), got {len(caches)}")
-        offset = 0 if caches is None else caches[0].offset
-        if offset + T > cfg.context:
-            raise ValueError(
-                f"positions {offset}..{offset + T - 1} exceed the model's context of {cfg.context} positions"
-            )
-        pos = torch.arange(offset, offset + T, device=ids.device)
+        if caches is not None and caches[0].ragged:
+            # per-sequence positions: row b's tokens sit at lengths[b] + 0 … (its real ones, see KVCache)
+            pos = caches[0].positions_per_sequence(T).to(ids.device)  # (B, T)
+            real = T if key_padding_mask is None else key_padding_mask.sum(1)
+            last = int((caches[0].lengths.to(ids.device) + real).max()) if B else 0
+            if last > cfg.context:
+                raise ValueError(
+                    f"positions up to {last - 1} exceed the model's context of {cfg.context} positions"
+                )
+            pos = pos.clamp(max=cfg.context - 1)  # padding rows past the end: any valid position
+        else:
+            offset = 0 if caches is None else caches[0].offset
+            if offset + T > cfg.context:
+                raise ValueError(
+                    f"positions {offset}..{offset + T - 1} exceed the model's context of {cfg.context} positions"
+                )
+            pos = torch.arange(offset, offset + T, device=ids.device)
         x = self.tok_emb(ids) + self.pos_emb(pos)  # (B, T, d_model)
         attn_mask, is_causal = None, True
         if caches is None and cfg.window is not None:

@@ -97,10 +97,15 @@ class Sampling:
 GREEDY = Sampling()
 
 
-def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> torch.Tensor:
+def next_tokens(
+    logits: torch.Tensor,
+    sampling: Sampling,
+    generator: torch.Generator | Sequence[torch.Generator] | None,
+) -> torch.Tensor:
     """Choose one token per row of ``logits`` (float (B, vocab)) as :class:`Sampling` says → int64 (B,).
 
-    ``generator`` supplies the uniform draws (one per row); it is not used when greedy.
+    ``generator`` supplies the uniform draws (one per row); it is not used when greedy. A sequence of B
+    generators draws row b's number from generator b (batched sequences that each follow their own seed).
 
     >>> logits = torch.tensor([[0.0, 3.0, 1.0], [2.0, 0.0, 0.0]])
     >>> next_tokens(logits, GREEDY, None).tolist()
@@ -123,7 +128,12 @@ def next_tokens(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
     sorted_p = sorted_p * keep
     cdf = sorted_p.cumsum(-1)
     cdf = cdf / cdf[:, -1:]  # renormalise over the kept tokens
-    u = torch.rand(logits.shape[0], 1, generator=generator, dtype=torch.float64)  # (B, 1)
+    if isinstance(generator, torch.Generator) or generator is None:
+        u = torch.rand(logits.shape[0], 1, generator=generator, dtype=torch.float64)  # (B, 1)
+    else:
+        if len(generator) != logits.shape[0]:
+            raise ValueError(f"{len(generator)} generators for {logits.shape[0]} rows of logits")
+        u = torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64) for g in generator])
     pick = (cdf <= u).sum(-1).clamp(max=logits.shape[-1] - 1)  # first index with cdf > u
     # a kept token always has cdf > u before the dropped tail, whose cdf stays at 1.0
     return order.gather(-1, pick[:, None])[:, 0]
