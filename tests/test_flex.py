@@ -367,3 +367,33 @@ def test_scale_zero_and_float64():
     ref, _ = oracle(q.detach(), k.detach(), v.detach(), mods.causal_mask, scale=0.0)
     assert (out - ref).abs().max() < 1e-10
     check(q, k, v, mods.prefix_lm(9), mods.softcap(2.0), block=16)
+
+
+def test_double_backward_through_a_predicate_goes_through_the_spec():
+    q, k, v = inputs(1, 2, 2, 24, 24, 4, 4, dtype=torch.float64)
+    bm = sa.create_block_mask(mods.prefix_lm(5), 1, 2, 24, 24, device="cpu", BLOCK_SIZE=8)
+    sm = mods.alibi(torch.tensor([0.2, 0.4], dtype=torch.float64))
+    (g,) = torch.autograd.grad(
+        sa.flex_attention(q, k, v, score_mod=sm, block_mask=bm).square().sum(), [q], create_graph=True
+    )
+    (gg,) = torch.autograd.grad(g.sum(), [k])
+    q64, k64, v64 = (t.detach().requires_grad_() for t in (q, k, v))
+    ref, _ = oracle(q64, k64, v64, mods.prefix_lm(5), sm)
+    (rg,) = torch.autograd.grad(ref.square().sum(), [q64], create_graph=True)
+    (rgg,) = torch.autograd.grad(rg.sum(), [k64])
+    assert (g - rg).abs().max() < 1e-10 and (gg - rgg).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize(
+    "mod, drawing",
+    [
+        (mods.dilated_sliding_window(2, 2), ["10000", "01000", "10100", "01010", "00101"]),
+        (mods.sink_tokens(1, 2), ["10000", "11000", "11100", "10110", "10011"]),
+        (mods.prefix_lm(2), ["11000", "11000", "11100", "11110", "11111"]),
+        (mods.sliding_window(1), ["10000", "11000", "01100", "00110", "00011"]),
+        (mods.sliding_window(1, 1), ["11000", "11100", "01110", "00111", "00011"]),
+    ],
+)
+def test_the_documented_drawings(mod, drawing):
+    dense = sa.create_mask(mod, 1, 1, 5, 5, device="cpu")[0, 0]
+    assert ["".join(str(int(x)) for x in row) for row in dense] == drawing

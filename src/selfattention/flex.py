@@ -298,7 +298,7 @@ def _as_bias(score_mod: Callable, b: int, h: int, tq: int, tk: int, device) -> C
         out = evaluate_mod(score_mod, *idx, score=s)
     if out.requires_grad or not bias.is_floating_point():
         return None
-    want = s + bias.to(s.dtype)
+    out, want = out.double(), (s + bias.to(s.dtype)).double()
     same = (out == want) | (torch.isnan(out) & torch.isnan(want))
     close = torch.isclose(out, want, rtol=1e-6, atol=1e-6)
     return _BiasOf(score_mod) if bool((same | close).all()) else None

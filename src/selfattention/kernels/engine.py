@@ -456,6 +456,8 @@ def _spec_grads(ctx, q, k, v, mask, dout):
             "dropout mask of the first backward cannot be replayed by the spec; use dropout_p=0"
         )
     vis = prob.vis if mask is None else replace(prob.vis, attn_mask=mask)
+    if vis.mod is not None or vis.doc_offset is not None:  # programmable parts: the spec gets them dense
+        vis = Visibility(vis.q_len, vis.k_len, attn_mask=vis.dense_bias(q.dtype, q.device))
     inputs = [t for t in (q, k, v, mask) if t is not None]
     with torch.enable_grad():
         out = attention_steps(q, k, v, attn_mask=vis, scale=prob.scale, enable_gqa=True).context
