@@ -146,6 +146,9 @@ def test_tq_differs_from_tk_and_grouped_heads():
     check(q, k, v, mods.causal_at(130 - 37), gqa=True, block=32)
     check(q, k, v, mods.causal_mask, gqa=True, block=32)  # top-left: rows beyond... all see something
     check(q, k, v, lambda b, h, qi, kv: kv < 3 * qi, gqa=True, block=32)
+    check(q, k, v, lambda b, h, qi, kv: (kv + h < 3 * qi) & (kv % 4 != b), gqa=True, block=(16, 64))
+    check(q, k, v, mods.causal_at(93), mods.softcap(2.0), gqa=True, block=32)  # the score-mod kernel, GQA
+    check(q, k, v, mods.causal_at(93), mods.alibi(mods.alibi_slopes(4)), gqa=True, block=32)  # bias tiles
 
 
 def test_fully_masked_rows_give_zeros_minus_inf_and_zero_gradient():
