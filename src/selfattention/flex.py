@@ -190,9 +190,11 @@ def create_block_mask(
             m = evaluate_mod(mask_mod, *index_tiles(b_, h_, i0, i1, j0, j1, device))
             if m.dtype != torch.bool:
                 raise TypeError(f"mask_mod must return a bool tensor, got dtype {m.dtype}")
-            m = m.expand(b_, h_, i1 - i0, j1 - j0).sum(dim=2)  # (B, H, C): visible rows per key
+            m = m.expand(*m.shape[:2], i1 - i0, j1 - j0)  # (1 or B, 1 or H, R, C)
             pad = (-(j1 - j0)) % bk
-            m = torch.nn.functional.pad(m, (0, pad)).unflatten(-1, (-1, bk)).sum(-1)
+            if pad:
+                m = torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], dim=-1)
+            m = m.unflatten(-1, (-1, bk)).sum(dim=(2, 4), dtype=torch.int32)  # visible entries per block
             counts[:, :, a, j0 // bk : j0 // bk + m.shape[-1]] = m.cpu()
     full = counts == bq * bk
     partial = (counts > 0) & ~full if separate_full_blocks else counts > 0
