@@ -359,6 +359,10 @@ def test_bad_arguments_raise_clear_errors():
         sa.flex_attention(q[0], q[0], q[0])
     with pytest.raises(TypeError, match="mask_mod"):
         sa.create_block_mask(lambda s, b, h, qi, kv: s, 1, 1, 8, 8, device="cpu")
+    with pytest.raises(RuntimeError, match="sliced"):
+        sa.flex_attention(
+            q, q, q, block_mask=sa.create_block_mask(mods.causal_mask, 2, 2, 8, 8, device="cpu")[0]
+        )
     with pytest.raises(ValueError, match="cu_seqlens_q"):
         mods.packed_sequences(torch.tensor([1, 3]), torch.tensor([0, 3]))
 
@@ -400,3 +404,21 @@ def test_double_backward_through_a_predicate_goes_through_the_spec():
 def test_the_documented_drawings(mod, drawing):
     dense = sa.create_mask(mod, 1, 1, 5, 5, device="cpu")[0, 0]
     assert ["".join(str(int(x)) for x in row) for row in dense] == drawing
+
+
+def test_a_visibility_with_a_predicate_works_in_every_backend():
+    from selfattention.visibility import Predicate, Visibility
+
+    q, k, v = (t.detach() for t in inputs(1, 2, 2, 30, 30, 8, 8))
+    mod = MASKS["lambda"]
+    vis = Visibility(30, 30, mod=Predicate(mod, 1, 2))
+    ref, _ = oracle(q.double(), k.double(), v.double(), mod)
+    for backend in ("reference", "torch", "tiled"):
+        out = sa.scaled_dot_product_attention(q, k, v, attn_mask=vis, backend=backend)
+        assert (out.double() - ref).abs().max() < 1e-5, backend
+    packed = mods.packed_sequences(torch.tensor([0, 10, 30]), torch.tensor([0, 10, 30]), causal=True)
+    vis = Visibility(30, 30, **packed.structure(30, 30))
+    ref, _ = oracle(q.double(), k.double(), v.double(), packed)
+    for backend in ("reference", "torch", "tiled"):
+        out = sa.scaled_dot_product_attention(q, k, v, attn_mask=vis, backend=backend)
+        assert (out.double() - ref).abs().max() < 1e-5, backend

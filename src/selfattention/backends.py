@@ -203,6 +203,8 @@ def torch_sdpa(
     batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)
     check_bool("is_causal", is_causal)
     vis = as_visibility(attn_mask, is_causal, q_len, k_len)
+    if vis.mod is not None or vis.doc_offset is not None:  # programmable parts: torch SDPA gets them dense
+        vis = Visibility(q_len, k_len, attn_mask=vis.dense_bias(query.dtype, query.device))
     check_mask(vis.attn_mask, batch, q_len, k_len, query.device)
     dropout_p = check_dropout(dropout_p)  # checked even when not training: a bad value is a bug either way
     if not training:

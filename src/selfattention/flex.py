@@ -234,6 +234,8 @@ def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) 
         raise TypeError(
             f"block_mask must be a BlockMask (create_block_mask) or None, got {type(bm).__name__}"
         )
+    if getattr(bm.mask_mod, "__name__", "") == "_sliced_mask_mod_error":
+        raise RuntimeError("Cannot use mask_mod from a sliced BlockMask")
     if tuple(bm.seq_lengths) != (tq, tk):
         raise ValueError(
             f"block_mask was created for (Q_LEN, KV_LEN) = {tuple(bm.seq_lengths)} but query/key have "
