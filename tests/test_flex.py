@@ -422,3 +422,10 @@ def test_a_visibility_with_a_predicate_works_in_every_backend():
     for backend in ("reference", "torch", "tiled"):
         out = sa.scaled_dot_product_attention(q, k, v, attn_mask=vis, backend=backend)
         assert (out.double() - ref).abs().max() < 1e-5, backend
+
+
+def test_key_value_batch_of_one_broadcasts_over_the_queries():
+    q = inputs(3, 2, 2, 20, 20, 4, 4)[0]
+    _, k, v = inputs(1, 2, 2, 20, 20, 4, 4, seed=1)
+    check(q, k, v, mods.sliding_window(4), block=8)
+    check(q, k, v, mods.causal_mask, mods.softcap(1.0), block=8)

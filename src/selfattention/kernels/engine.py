@@ -12,7 +12,9 @@ never a silent change of results.
 
 Backward: every call's share of the gradient comes from the final output and log-sum-exp of its rows, so
 the calls are independent (FlashAttention-2, Algorithm 2; ring-flash-attention does the same per ring
-step). Double backward (``create_graph=True``) recomputes through the spec: exact, O(T²) memory.
+step). The log-sum-exp is differentiable too (a loss that uses it, attention sinks): dS = P ∘ (dO Vᵀ − δ +
+dℓ), passed to both kernels as one more value column. Double backward (``create_graph=True``) recomputes
+through the spec: exact, O(T²) memory.
 """
 
 from __future__ import annotations
