@@ -229,7 +229,7 @@ def _block_kinds(bm: BlockMask) -> torch.Tensor:
 def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) -> tuple[Visibility, tuple]:
     """The Visibility of a block mask for canonical (B, H, Tq, Tk), and the plan's block sizes."""
     if bm is None or tuple(bm.BLOCK_SIZE) == (_LARGE, _LARGE):
-        return Visibility(tq, tk), (128, 512)
+        return Visibility(tq, tk), (128, 128)
     if not isinstance(bm, BlockMask):
         raise TypeError(
             f"block_mask must be a BlockMask (create_block_mask) or None, got {type(bm).__name__}"
@@ -255,7 +255,7 @@ def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) 
     fields = _STRUCTURE.get(bm)
     if fields is not None:
         fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()}
-        return Visibility(tq, tk, **fields), (128, 512)
+        return Visibility(tq, tk, **fields), (128, 128)
     mod = None if bm.mask_mod is noop_mask else bm.mask_mod
     pred = Predicate(mod, b, h, _block_kinds(bm), tuple(bm.BLOCK_SIZE))
     return Visibility(tq, tk, mod=pred), tuple(bm.BLOCK_SIZE)
@@ -445,7 +445,7 @@ def describe(query, key, value, score_mod=None, block_mask=None, scale=None, ena
     if score_mod is not None:
         bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
         if bias is None:
-            return FlexPlan("scored", "exact", "row spans", len(row_spans(vis, bq, min(bk, 512))))
+            return FlexPlan("scored", "exact", "row spans", len(row_spans(vis, bq, bk)))
         pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h)
         vis = replace(vis, mod=replace(pred, score_bias=bias))
     s = 1.0 / math.sqrt(e) if scale is None else float(scale)
@@ -462,12 +462,12 @@ def _run(query, key, value, vis, scale, score_mod, bq, bk, want_max):
         bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
         if bias is None or want_max:
             return scored.attention(
-                query, key, value, vis, scale, score_mod, block_q=bq, block_k=min(bk, 512)
+                query, key, value, vis, scale, score_mod, block_q=bq, block_k=bk
             )
         pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h)
         vis = replace(vis, mod=replace(pred, score_bias=bias))
     elif want_max:
-        return scored.attention(query, key, value, vis, scale, _identity, block_q=bq, block_k=min(bk, 512))
+        return scored.attention(query, key, value, vis, scale, _identity, block_q=bq, block_k=bk)
     prob = engine.make_problem(query, key, value, vis, scale, block_q=bq, block_k=bk)
     out, lse = engine.attention(query, key, value, prob)
     return out, lse.to(torch.promote_types(query.dtype, torch.float32)), None
