@@ -429,3 +429,23 @@ def test_key_value_batch_of_one_broadcasts_over_the_queries():
     _, k, v = inputs(1, 2, 2, 20, 20, 4, 4, seed=1)
     check(q, k, v, mods.sliding_window(4), block=8)
     check(q, k, v, mods.causal_mask, mods.softcap(1.0), block=8)
+
+
+def test_per_document_alignment_drawing_and_plan():
+    from selfattention.kernels.plan import make_plan
+    from selfattention.visibility import Visibility
+
+    vis = Visibility(
+        3,
+        5,
+        is_causal=True,
+        q_doc=torch.tensor([[0, 1, 1]]),
+        k_doc=torch.tensor([[0, 0, 1, 1, 1]]),
+        doc_offset=0,
+    )
+    assert vis.to_mask()[0, 0].int().tolist() == [[1, 1, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
+    assert make_plan(vis, 128, 128).strategy == "documents"
+    q, k, v = (t.detach() for t in inputs(1, 1, 1, 3, 5, 4, 4))
+    out = sa.scaled_dot_product_attention(q, k, v, attn_mask=vis, backend="tiled")
+    ref, _ = oracle(q.double(), k.double(), v.double(), lambda b, h, qi, kv: vis.to_mask()[0, 0][qi, kv])
+    assert (out.double() - ref).abs().max() < 1e-6

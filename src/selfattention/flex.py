@@ -461,9 +461,7 @@ def _run(query, key, value, vis, scale, score_mod, bq, bk, want_max):
     if score_mod is not None:
         bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
         if bias is None or want_max:
-            return scored.attention(
-                query, key, value, vis, scale, score_mod, block_q=bq, block_k=bk
-            )
+            return scored.attention(query, key, value, vis, scale, score_mod, block_q=bq, block_k=bk)
         pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h)
         vis = replace(vis, mod=replace(pred, score_bias=bias))
     elif want_max:

@@ -149,6 +149,17 @@ class Visibility:
         attn_mask: bool (True = attend) or float (added to the scaled scores) of shape (b, h, tq, tk)
             with b ∈ {1, B}, h ∈ {1, H}, tq ∈ {1, Tq}, tk ∈ {1, Tk} (the engine's 4-D form), or any shape
             broadcastable to the scores for :meth:`dense`.
+        mod: a :class:`~selfattention.predicate.Predicate` — flex_attention's ``mask_mod`` (with a
+            BlockMask's tables) and an additive score bias, on absolute (b, h, q_idx, kv_idx).
+        doc_offset: with document ids, each document's queries sit bottom-right on its own keys, shifted
+            by ``doc_offset`` (flash-attn's varlen alignment; the query i of a document with lq queries and
+            lk keys at local key position i + lk − lq + doc_offset); None = the global positions above.
+            Documents [0, 0, 1 | 1 1] for queries [0, 1 | 1] with causal and ``doc_offset=0``::
+
+                keys →   0 1 2 3 4
+                query 0  1 1 0 0 0        (document 0: 1 query on 2 keys, at position 1)
+                query 1  0 0 1 1 0        (document 1: 2 queries on 3 keys, at positions 1 and 2)
+                query 2  0 0 1 1 1
 
     All constraints combine with AND. Build one for the public functions with
     ``Visibility(q_len, k_len, is_causal=True, window=512)`` and pass it as ``attn_mask``.
