@@ -236,7 +236,10 @@ def _row_seen(bias: torch.Tensor, causal: bool) -> torch.Tensor:
 def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
     if prob.kernel == "vendor":
         o, l = vendor.forward(qv, kv, vv, bias, call.causal, prob.scale)
-        seen = None if bias is None else _row_seen(bias, call.causal)
+        seen = None
+        # a row the bias leaves blind comes back with lse 0 (or not finite): only then is it looked for
+        if bias is not None and bool(((l == 0) | ~torch.isfinite(l)).any()):
+            seen = _row_seen(bias, call.causal)
         if prob.verify:
             # Nothing was scanned for NaN/inf (see choose_kernel). A result that touched one is either not
             # finite (NaN · 0, +inf scores) or, as the fused kernel drops a NaN score like a hidden one, a
