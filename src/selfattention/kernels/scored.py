@@ -47,7 +47,8 @@ def _block(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int,
         s = s + torch.where(bad, math.nan, 0.0).to(s.dtype)
     tile = vis.tile(i0, i0 + rows, c0, c0 + cols, s.dtype, s.device)
     hidden = None if tile is None else tile == -math.inf
-    if hidden is not None:  # the mod sees 0 where hidden: a NaN there has no gradient path back
+    if hidden is not None and (bad_q is not None or bad_k is not None):
+        # the mod sees 0 where hidden: a NaN there has no gradient path back
         s = torch.where(hidden, torch.zeros((), dtype=s.dtype, device=s.device), s)
     s = evaluate_mod(score_mod, *index_tiles(b, h, i0, i0 + rows, c0, c0 + cols, s.device), score=s)
     s = s.to(q.dtype).expand(b, h, rows, cols)
@@ -59,14 +60,14 @@ def _block(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int,
     total = e.sum(dim=-1, keepdim=True)
     blind = total == 0
     one = torch.ones((), dtype=total.dtype, device=total.device)
-    p = e / torch.where(blind, one, total)
-    p5 = p.unflatten(1, (hkv, g))
+    e5 = e.unflatten(1, (hkv, g))
     v5 = v[:, :, None]
     if all_finite(v):
-        out = p5 @ v5
+        out = e5 @ v5  # normalised after the product: (R, Dv) divisions instead of (R, C)
     else:
         seen = torch.ones_like(s, dtype=torch.bool) if hidden is None else ~hidden.expand_as(s)
-        out = guarded_pv(p5, v5, seen.unflatten(1, (hkv, g)))
+        out = guarded_pv(e5, v5, seen.unflatten(1, (hkv, g)))
+    out = out / torch.where(blind, one, total).unflatten(1, (hkv, g))
     lse = torch.where(
         blind,
         torch.full((), -math.inf, dtype=m.dtype, device=m.device),
