@@ -271,7 +271,7 @@ def test_torch_block_mask_accepted_and_forward_equals_torch_eager_flex():
 def test_block_tables_are_respected_like_torch_kernels():
     # a hand-made BlockMask with noop mask_mod: only the listed blocks are visible
     num = torch.tensor([[[1, 2]]], dtype=torch.int32)
-    idx = torch.tensor([[[[1, 0], [0, 1]]]], dtype=torch.int32)
+    idx = torch.tensor([[[[1, 1], [0, 1]]]], dtype=torch.int32)  # an unlisted entry repeats a listed block
     bm = sa.BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=4, seq_lengths=(8, 8))
     q, k, v = inputs(1, 1, 1, 8, 8, 4, 4)
     keep = bm.to_dense()[0, 0].repeat_interleave(4, 0).repeat_interleave(4, 1).bool()

@@ -213,17 +213,19 @@ def create_block_mask(
 
 def _block_kinds(bm: BlockMask) -> torch.Tensor:
     """int8 (b, h, n_q_blocks, n_kv_blocks) SKIP / FULL / PARTIAL from a BlockMask's tables."""
-    idx, num = bm.kv_indices, bm.kv_num_blocks
-    kinds = torch.full(idx.shape, SKIP, dtype=torch.int8, device=idx.device)
+    idx, num = bm.kv_indices.cpu().long(), bm.kv_num_blocks.cpu()
+    n = idx.shape[-1]
+    kinds = torch.full((*idx.shape[:-1], n + 1), SKIP, dtype=torch.int8)  # one spare column for the unlisted
 
     def mark(num, idx, kind):
-        listed = torch.arange(idx.shape[-1], device=idx.device) < num[..., None]
-        kinds.scatter_(-1, idx.long(), torch.where(listed, kind, kinds.gather(-1, idx.long())).to(torch.int8))
+        listed = torch.arange(idx.shape[-1]) < num[..., None]
+        kinds.scatter_(-1, torch.where(listed, idx, n), kind)
+        kinds[..., n] = SKIP
 
     mark(num, idx, PARTIAL)
     if bm.full_kv_num_blocks is not None:
-        mark(bm.full_kv_num_blocks, bm.full_kv_indices, FULL)
-    return kinds.cpu()
+        mark(bm.full_kv_num_blocks.cpu(), bm.full_kv_indices.cpu().long(), FULL)
+    return kinds[..., :n].contiguous()
 
 
 def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) -> tuple[Visibility, tuple]:
