@@ -259,7 +259,7 @@ def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) 
         fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()}
         return Visibility(tq, tk, **fields), (128, 128)
     mod = None if bm.mask_mod is noop_mask else bm.mask_mod
-    pred = Predicate(mod, b, h, _block_kinds(bm), tuple(bm.BLOCK_SIZE))
+    pred = Predicate(mod, b, h, _block_kinds(bm), tuple(bm.BLOCK_SIZE), device=device)
     return Visibility(tq, tk, mod=pred), tuple(bm.BLOCK_SIZE)
 
 
@@ -448,7 +448,7 @@ def describe(query, key, value, score_mod=None, block_mask=None, scale=None, ena
         bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
         if bias is None:
             return FlexPlan("scored", "exact", "row spans", len(row_spans(vis, bq, bk)))
-        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h)
+        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h, device=query.device)
         vis = replace(vis, mod=replace(pred, score_bias=bias))
     s = 1.0 / math.sqrt(e) if scale is None else float(scale)
     prob = engine.make_problem(query, key.expand(b, *key.shape[1:]), value.expand(b, *value.shape[1:]), vis, s,
@@ -464,7 +464,7 @@ def _run(query, key, value, vis, scale, score_mod, bq, bk, want_max):
         bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
         if bias is None or want_max:
             return scored.attention(query, key, value, vis, scale, score_mod, block_q=bq, block_k=bk)
-        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h)
+        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h, device=query.device)
         vis = replace(vis, mod=replace(pred, score_bias=bias))
     elif want_max:
         return scored.attention(query, key, value, vis, scale, _identity, block_q=bq, block_k=bk)

@@ -78,6 +78,7 @@ class Predicate:
             FULL, or PARTIAL and ``mask_mod`` says so (the meaning of a ``BlockMask`` in torch's kernels).
         block_size: (rows, keys) of those blocks.
         score_bias: ``(b, h, q_idx, kv_idx) -> float`` added to the scaled scores, or None.
+        device: where the index tensors live when the blocks are classified (the mods' tensors' device).
     """
 
     mask_mod: Callable | None = None
@@ -86,6 +87,7 @@ class Predicate:
     block_kinds: torch.Tensor | None = field(default=None, repr=False)
     block_size: tuple[int, int] = (128, 128)
     score_bias: Callable | None = None
+    device: torch.device | str | None = None
 
     def _indices(self, i0: int, i1: int, j0: int, j1: int, device):
         return index_tiles(self.batch, self.heads, i0, i1, j0, j1, device)
@@ -121,6 +123,7 @@ class Predicate:
         """Kinds (n_row_blocks, n_col_blocks) int8 over every batch entry and head of the mask part
         (the score bias does not count here)."""
         kinds = torch.full((len(row_blocks), len(col_blocks)), FULL, dtype=torch.int8)
+        device = self.device if self.device is not None else device
         if self.mask_mod is None and self.block_kinds is None:
             return kinds
         bq, bk = self.block_size
