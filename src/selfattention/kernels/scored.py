@@ -76,6 +76,14 @@ def _block(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int,
     return out.flatten(1, 2), lse.squeeze(-1), m.squeeze(-1)
 
 
+def _joined(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int, n: int, q, *kv):
+    """:func:`_block` over the key pieces ``kv`` (n key pieces, then n value pieces), joined inside (so
+    that a checkpoint keeps views, not the joined copies)."""
+    k = kv[0] if n == 1 else torch.cat(kv[:n], dim=2)
+    v = kv[n] if n == 1 else torch.cat(kv[n:], dim=2)
+    return _block(vis, scale, score_mod, i0, c0, q, k, v)
+
+
 def _clean(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(t with NaN/inf set to 0, bool (…, T) of the rows that held one) — or (t, None) when finite."""
     if all_finite(t):
@@ -110,10 +118,15 @@ def attention(
             lses.append(qa.new_full((b, h, n), -math.inf))
             maxes.append(qa.new_full((b, h, n), -math.inf))
 
-    for i0, i1, c0, c1 in row_spans(vis, block_q, block_k):
+    # Blocks are pieces of one split (not slices): the backward of a split concatenates every piece's
+    # gradient once, where a slice's backward would write a zero-filled (B, H, T, D) gradient per block.
+    q_parts = qa.split(block_q, dim=2)
+    k_parts, v_parts = ka.split(block_k, dim=2), va.split(block_k, dim=2)
+    for i0, i1, c0, c1 in row_spans(vis, block_q, block_k):  # i0, c0 on the grid; c1 ends a key block
         gap(i0 - done)
-        fn = partial(_block, vis, scale, score_mod, i0, c0)
-        args = (qa[:, :, i0:i1], ka[:, :, c0:c1], va[:, :, c0:c1])
+        a, z = c0 // block_k, -(-c1 // block_k)
+        fn = partial(_joined, vis, scale, score_mod, i0, c0, z - a)
+        args = (q_parts[i0 // block_q], *k_parts[a:z], *v_parts[a:z])
         o, l, m = checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
         outs.append(o)
         lses.append(l)
