@@ -8,7 +8,9 @@ against the peers of the same run. Cases (issue 17's targets; H = 8, D = 64, B =
   forward+backward vs SDPA with the dense bool mask (flex has no backward on CPU);
 * sliding window 512 at T = 16384: forward and forward+backward as a fraction of this machine's float32
   matmul rate (a 2048² matmul measured in the same run) over the visible pairs (work = 4·D·pairs·H for
-  the forward, × 2.5 for forward+backward).
+  the forward, × 2.5 for forward+backward);
+* score mods at T = 4096, causal: ALiBi (a bias tile of the fused kernel) and tanh softcap 30 (the
+  score-mod kernel): forward vs compiled flex, and our forward+backward.
 
 Usage::
 
@@ -104,6 +106,36 @@ def case_vs_peers(name: str, mask_mod, t: int, h: int, d: int, rounds: int, comp
     print(f"  ours / sdpa dense mask (f+b) {bwd['ours fwd+bwd'] / bwd['sdpa fwd+bwd']:9.2f}×")
 
 
+def case_score_mod(
+    name: str, score_mod, mask_mod, t: int, h: int, d: int, rounds: int, compiled: bool
+) -> None:
+    q, k, v = (torch.randn(1, h, t, d, requires_grad=True) for _ in range(3))
+    bm = sa.create_block_mask(mask_mod, None, None, t, t, device="cpu")
+
+    def ours(q, k, v):
+        return sa.flex_attention(q, k, v, score_mod=score_mod, block_mask=bm)
+
+    with torch.no_grad():
+        contenders = {"ours fwd": lambda: ours(q, k, v)}
+        if compiled:
+            torch_bm = torch_block_mask(mask_mod, None, None, t, t, device="cpu")
+            flex_c = torch.compile(torch_flex)
+            qd, kd, vd = q.detach(), k.detach(), v.detach()
+            compile_s = _time(lambda: flex_c(qd, kd, vd, score_mod=score_mod, block_mask=torch_bm))
+            contenders["torch flex (compiled) fwd"] = lambda: flex_c(
+                qd, kd, vd, score_mod=score_mod, block_mask=torch_bm
+            )
+        fwd = _interleaved(contenders, rounds)
+    fb = _interleaved({"ours fwd+bwd": _fwd_bwd(ours, q, k, v)}, rounds)
+    path = sa.flex.describe(q, k, v, score_mod=score_mod, block_mask=bm).path
+    print(f"\n{name} ({path} path): T={t}, H={h}, D={d}")
+    for label, sec in {**fwd, **fb}.items():
+        print(f"  {label:28s} {sec * 1e3:9.1f} ms")
+    if compiled:
+        print(f"  torch flex compile time      {compile_s:9.1f} s (first call, apart)")
+        print(f"  ours / compiled flex (fwd)   {fwd['ours fwd'] / fwd['torch flex (compiled) fwd']:9.2f}×")
+
+
 def case_rate(name: str, mask_mod, t: int, h: int, d: int, rounds: int, rate: float) -> None:
     q, k, v = (torch.randn(1, h, t, d, requires_grad=True) for _ in range(3))
     bm = sa.create_block_mask(mask_mod, None, None, t, t, device="cpu")
@@ -145,6 +177,9 @@ def main(argv=None) -> None:
     case_vs_peers("sliding window 256", mods.sliding_window(256), t1, h, d, rounds, not args.no_compile)
     case_vs_peers("prefix-LM 512", mods.prefix_lm(512), t1, h, d, rounds, not args.no_compile)
     case_rate("sliding window 512", mods.sliding_window(511), t2, h, d, rounds, rate)
+    c = not args.no_compile
+    case_score_mod("ALiBi + causal", mods.alibi(mods.alibi_slopes(h)), mods.causal_mask, t1, h, d, rounds, c)
+    case_score_mod("softcap 30 + causal", mods.softcap(30.0), mods.causal_mask, t1, h, d, rounds, c)
 
 
 if __name__ == "__main__":

@@ -414,7 +414,9 @@ def _imports(module: str) -> set[str]:
 def test_the_spec_is_a_leaf_and_dispatch_has_one_registry():
     # core imports only core: the spec imports nothing faster, the predicate imports nothing at all
     assert _imports("functional") <= {"_hooks", "_validation", "visibility"}
-    assert _imports("visibility") == set()
+    assert _imports("visibility") <= {"predicate"}  # its programmable part (flex's mask_mod / score_mod)
+    assert _imports("predicate") == set()
+    assert _imports("mods") <= {"masks", "scores"} and _imports("mods.masks") == set()
     assert _imports("masks") <= {"_validation", "visibility"}
     for mod in ("kernels.engine", "kernels.plan", "kernels.vendor", "kernels.exact", "kernels.stats"):
         assert not _imports(mod) & {"backends", "tiled", "mha", "modules", "distributed"}, mod

@@ -146,6 +146,9 @@ def test_tq_differs_from_tk_and_grouped_heads():
     check(q, k, v, mods.causal_at(130 - 37), gqa=True, block=32)
     check(q, k, v, mods.causal_mask, gqa=True, block=32)  # top-left: rows beyond... all see something
     check(q, k, v, lambda b, h, qi, kv: kv < 3 * qi, gqa=True, block=32)
+    check(q, k, v, lambda b, h, qi, kv: (kv + h < 3 * qi) & (kv % 4 != b), gqa=True, block=(16, 64))
+    check(q, k, v, mods.causal_at(93), mods.softcap(2.0), gqa=True, block=32)  # the score-mod kernel, GQA
+    check(q, k, v, mods.causal_at(93), mods.alibi(mods.alibi_slopes(4)), gqa=True, block=32)  # bias tiles
 
 
 def test_fully_masked_rows_give_zeros_minus_inf_and_zero_gradient():
@@ -268,7 +271,7 @@ def test_torch_block_mask_accepted_and_forward_equals_torch_eager_flex():
 def test_block_tables_are_respected_like_torch_kernels():
     # a hand-made BlockMask with noop mask_mod: only the listed blocks are visible
     num = torch.tensor([[[1, 2]]], dtype=torch.int32)
-    idx = torch.tensor([[[[1, 0], [0, 1]]]], dtype=torch.int32)
+    idx = torch.tensor([[[[1, 1], [0, 1]]]], dtype=torch.int32)  # an unlisted entry repeats a listed block
     bm = sa.BlockMask.from_kv_blocks(num, idx, BLOCK_SIZE=4, seq_lengths=(8, 8))
     q, k, v = inputs(1, 1, 1, 8, 8, 4, 4)
     keep = bm.to_dense()[0, 0].repeat_interleave(4, 0).repeat_interleave(4, 1).bool()
@@ -356,6 +359,10 @@ def test_bad_arguments_raise_clear_errors():
         sa.flex_attention(q[0], q[0], q[0])
     with pytest.raises(TypeError, match="mask_mod"):
         sa.create_block_mask(lambda s, b, h, qi, kv: s, 1, 1, 8, 8, device="cpu")
+    with pytest.raises(RuntimeError, match="sliced"):
+        sa.flex_attention(
+            q, q, q, block_mask=sa.create_block_mask(mods.causal_mask, 2, 2, 8, 8, device="cpu")[0]
+        )
     with pytest.raises(ValueError, match="cu_seqlens_q"):
         mods.packed_sequences(torch.tensor([1, 3]), torch.tensor([0, 3]))
 
@@ -367,3 +374,78 @@ def test_scale_zero_and_float64():
     ref, _ = oracle(q.detach(), k.detach(), v.detach(), mods.causal_mask, scale=0.0)
     assert (out - ref).abs().max() < 1e-10
     check(q, k, v, mods.prefix_lm(9), mods.softcap(2.0), block=16)
+
+
+def test_double_backward_through_a_predicate_goes_through_the_spec():
+    q, k, v = inputs(1, 2, 2, 24, 24, 4, 4, dtype=torch.float64)
+    bm = sa.create_block_mask(mods.prefix_lm(5), 1, 2, 24, 24, device="cpu", BLOCK_SIZE=8)
+    sm = mods.alibi(torch.tensor([0.2, 0.4], dtype=torch.float64))
+    (g,) = torch.autograd.grad(
+        sa.flex_attention(q, k, v, score_mod=sm, block_mask=bm).square().sum(), [q], create_graph=True
+    )
+    (gg,) = torch.autograd.grad(g.sum(), [k])
+    q64, k64, v64 = (t.detach().requires_grad_() for t in (q, k, v))
+    ref, _ = oracle(q64, k64, v64, mods.prefix_lm(5), sm)
+    (rg,) = torch.autograd.grad(ref.square().sum(), [q64], create_graph=True)
+    (rgg,) = torch.autograd.grad(rg.sum(), [k64])
+    assert (g - rg).abs().max() < 1e-10 and (gg - rgg).abs().max() < 1e-10
+
+
+@pytest.mark.parametrize(
+    "mod, drawing",
+    [
+        (mods.dilated_sliding_window(2, 2), ["10000", "01000", "10100", "01010", "00101"]),
+        (mods.sink_tokens(1, 2), ["10000", "11000", "11100", "10110", "10011"]),
+        (mods.prefix_lm(2), ["11000", "11000", "11100", "11110", "11111"]),
+        (mods.sliding_window(1), ["10000", "11000", "01100", "00110", "00011"]),
+        (mods.sliding_window(1, 1), ["11000", "11100", "01110", "00111", "00011"]),
+    ],
+)
+def test_the_documented_drawings(mod, drawing):
+    dense = sa.create_mask(mod, 1, 1, 5, 5, device="cpu")[0, 0]
+    assert ["".join(str(int(x)) for x in row) for row in dense] == drawing
+
+
+def test_a_visibility_with_a_predicate_works_in_every_backend():
+    from selfattention.visibility import Predicate, Visibility
+
+    q, k, v = (t.detach() for t in inputs(1, 2, 2, 30, 30, 8, 8))
+    mod = MASKS["lambda"]
+    vis = Visibility(30, 30, mod=Predicate(mod, 1, 2))
+    ref, _ = oracle(q.double(), k.double(), v.double(), mod)
+    for backend in ("reference", "torch", "tiled"):
+        out = sa.scaled_dot_product_attention(q, k, v, attn_mask=vis, backend=backend)
+        assert (out.double() - ref).abs().max() < 1e-5, backend
+    packed = mods.packed_sequences(torch.tensor([0, 10, 30]), torch.tensor([0, 10, 30]), causal=True)
+    vis = Visibility(30, 30, **packed.structure(30, 30))
+    ref, _ = oracle(q.double(), k.double(), v.double(), packed)
+    for backend in ("reference", "torch", "tiled"):
+        out = sa.scaled_dot_product_attention(q, k, v, attn_mask=vis, backend=backend)
+        assert (out.double() - ref).abs().max() < 1e-5, backend
+
+
+def test_key_value_batch_of_one_broadcasts_over_the_queries():
+    q = inputs(3, 2, 2, 20, 20, 4, 4)[0]
+    _, k, v = inputs(1, 2, 2, 20, 20, 4, 4, seed=1)
+    check(q, k, v, mods.sliding_window(4), block=8)
+    check(q, k, v, mods.causal_mask, mods.softcap(1.0), block=8)
+
+
+def test_per_document_alignment_drawing_and_plan():
+    from selfattention.kernels.plan import make_plan
+    from selfattention.visibility import Visibility
+
+    vis = Visibility(
+        3,
+        5,
+        is_causal=True,
+        q_doc=torch.tensor([[0, 1, 1]]),
+        k_doc=torch.tensor([[0, 0, 1, 1, 1]]),
+        doc_offset=0,
+    )
+    assert vis.to_mask()[0, 0].int().tolist() == [[1, 1, 0, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
+    assert make_plan(vis, 128, 128).strategy == "documents"
+    q, k, v = (t.detach() for t in inputs(1, 1, 1, 3, 5, 4, 4))
+    out = sa.scaled_dot_product_attention(q, k, v, attn_mask=vis, backend="tiled")
+    ref, _ = oracle(q.double(), k.double(), v.double(), lambda b, h, qi, kv: vis.to_mask()[0, 0][qi, kv])
+    assert (out.double() - ref).abs().max() < 1e-6

@@ -219,6 +219,8 @@ def torch_sdpa(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
     )
     batch, q_len, k_len, vis = args.batch, args.q_len, args.k_len, args.vis
+    if vis.mod is not None or vis.doc_offset is not None:  # programmable parts: torch SDPA gets them dense
+        vis = Visibility(q_len, k_len, attn_mask=vis.dense_bias(query.dtype, query.device))
     dropout_p, scale = args.dropout_p, args.scale
     if args.empty:  # (a batch dim of 0 broadcast against 1 is 0, not 1)
         return F.empty_context(query, key, value, (*batch, q_len, value.shape[-1]))

@@ -190,9 +190,11 @@ def create_block_mask(
             m = evaluate_mod(mask_mod, *index_tiles(b_, h_, i0, i1, j0, j1, device))
             if m.dtype != torch.bool:
                 raise TypeError(f"mask_mod must return a bool tensor, got dtype {m.dtype}")
-            m = m.expand(b_, h_, i1 - i0, j1 - j0).sum(dim=2)  # (B, H, C): visible rows per key
+            m = m.expand(*m.shape[:2], i1 - i0, j1 - j0)  # (1 or B, 1 or H, R, C)
             pad = (-(j1 - j0)) % bk
-            m = torch.nn.functional.pad(m, (0, pad)).unflatten(-1, (-1, bk)).sum(-1)
+            if pad:
+                m = torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], dim=-1)
+            m = m.unflatten(-1, (-1, bk)).sum(dim=(2, 4), dtype=torch.int32)  # visible entries per block
             counts[:, :, a, j0 // bk : j0 // bk + m.shape[-1]] = m.cpu()
     full = counts == bq * bk
     partial = (counts > 0) & ~full if separate_full_blocks else counts > 0
@@ -211,27 +213,31 @@ def create_block_mask(
 
 def _block_kinds(bm: BlockMask) -> torch.Tensor:
     """int8 (b, h, n_q_blocks, n_kv_blocks) SKIP / FULL / PARTIAL from a BlockMask's tables."""
-    idx, num = bm.kv_indices, bm.kv_num_blocks
-    kinds = torch.full(idx.shape, SKIP, dtype=torch.int8, device=idx.device)
+    idx, num = bm.kv_indices.cpu().long(), bm.kv_num_blocks.cpu()
+    n = idx.shape[-1]
+    kinds = torch.full((*idx.shape[:-1], n + 1), SKIP, dtype=torch.int8)  # one spare column for the unlisted
 
     def mark(num, idx, kind):
-        listed = torch.arange(idx.shape[-1], device=idx.device) < num[..., None]
-        kinds.scatter_(-1, idx.long(), torch.where(listed, kind, kinds.gather(-1, idx.long())).to(torch.int8))
+        listed = torch.arange(idx.shape[-1]) < num[..., None]
+        kinds.scatter_(-1, torch.where(listed, idx, n), kind)
+        kinds[..., n] = SKIP
 
     mark(num, idx, PARTIAL)
     if bm.full_kv_num_blocks is not None:
-        mark(bm.full_kv_num_blocks, bm.full_kv_indices, FULL)
-    return kinds.cpu()
+        mark(bm.full_kv_num_blocks.cpu(), bm.full_kv_indices.cpu().long(), FULL)
+    return kinds[..., :n].contiguous()
 
 
 def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) -> tuple[Visibility, tuple]:
     """The Visibility of a block mask for canonical (B, H, Tq, Tk), and the plan's block sizes."""
     if bm is None or tuple(bm.BLOCK_SIZE) == (_LARGE, _LARGE):
-        return Visibility(tq, tk), (128, 512)
+        return Visibility(tq, tk), (128, 128)
     if not isinstance(bm, BlockMask):
         raise TypeError(
             f"block_mask must be a BlockMask (create_block_mask) or None, got {type(bm).__name__}"
         )
+    if getattr(bm.mask_mod, "__name__", "") == "_sliced_mask_mod_error":
+        raise RuntimeError("Cannot use mask_mod from a sliced BlockMask")
     if tuple(bm.seq_lengths) != (tq, tk):
         raise ValueError(
             f"block_mask was created for (Q_LEN, KV_LEN) = {tuple(bm.seq_lengths)} but query/key have "
@@ -251,9 +257,9 @@ def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) 
     fields = _STRUCTURE.get(bm)
     if fields is not None:
         fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()}
-        return Visibility(tq, tk, **fields), (128, 512)
+        return Visibility(tq, tk, **fields), (128, 128)
     mod = None if bm.mask_mod is noop_mask else bm.mask_mod
-    pred = Predicate(mod, b, h, _block_kinds(bm), tuple(bm.BLOCK_SIZE))
+    pred = Predicate(mod, b, h, _block_kinds(bm), tuple(bm.BLOCK_SIZE), device=device)
     return Visibility(tq, tk, mod=pred), tuple(bm.BLOCK_SIZE)
 
 
@@ -298,7 +304,7 @@ def _as_bias(score_mod: Callable, b: int, h: int, tq: int, tk: int, device) -> C
         out = evaluate_mod(score_mod, *idx, score=s)
     if out.requires_grad or not bias.is_floating_point():
         return None
-    want = s + bias.to(s.dtype)
+    out, want = out.double(), (s + bias.to(s.dtype)).double()
     same = (out == want) | (torch.isnan(out) & torch.isnan(want))
     close = torch.isclose(out, want, rtol=1e-6, atol=1e-6)
     return _BiasOf(score_mod) if bool((same | close).all()) else None
@@ -441,8 +447,8 @@ def describe(query, key, value, score_mod=None, block_mask=None, scale=None, ena
     if score_mod is not None:
         bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
         if bias is None:
-            return FlexPlan("scored", "exact", "row spans", len(row_spans(vis, bq, min(bk, 512))))
-        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h)
+            return FlexPlan("scored", "exact", "row spans", len(row_spans(vis, bq, bk)))
+        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h, device=query.device)
         vis = replace(vis, mod=replace(pred, score_bias=bias))
     s = 1.0 / math.sqrt(e) if scale is None else float(scale)
     prob = engine.make_problem(query, key.expand(b, *key.shape[1:]), value.expand(b, *value.shape[1:]), vis, s,
@@ -457,13 +463,11 @@ def _run(query, key, value, vis, scale, score_mod, bq, bk, want_max):
     if score_mod is not None:
         bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
         if bias is None or want_max:
-            return scored.attention(
-                query, key, value, vis, scale, score_mod, block_q=bq, block_k=min(bk, 512)
-            )
-        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h)
+            return scored.attention(query, key, value, vis, scale, score_mod, block_q=bq, block_k=bk)
+        pred = vis.mod if vis.mod is not None else Predicate(batch=b, heads=h, device=query.device)
         vis = replace(vis, mod=replace(pred, score_bias=bias))
     elif want_max:
-        return scored.attention(query, key, value, vis, scale, _identity, block_q=bq, block_k=min(bk, 512))
+        return scored.attention(query, key, value, vis, scale, _identity, block_q=bq, block_k=bk)
     prob = engine.make_problem(query, key, value, vis, scale, block_q=bq, block_k=bk)
     out, lse = engine.attention(query, key, value, prob)
     return out, lse.to(torch.promote_types(query.dtype, torch.float32)), None

@@ -146,7 +146,7 @@ def guarded_pv(p: torch.Tensor, v: torch.Tensor, seen: torch.Tensor) -> torch.Te
 
 def visible_keys(vis: Visibility, shape: tuple[int, ...], device: torch.device) -> torch.Tensor | None:
     """Bool (…, Tq, Tk) of the keys each query may see, or None when every key is visible."""
-    if not (vis.structural or vis.q_doc is not None or vis.attn_mask is not None):
+    if not vis.restricts:
         return None
     return vis.to_mask(device).expand(shape)
 

@@ -79,6 +79,7 @@ import torch
 from . import _hooks
 from .backends import scaled_dot_product_attention
 from .functional import AttentionSteps, attention_steps, attention_weights
+from .visibility import Visibility
 
 __all__ = [
     "BACKEND",
@@ -256,12 +257,7 @@ def _refuse_unknown(module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
 
 def _top_left(q_len: int, k_len: int, window: int | None, device: torch.device) -> torch.Tensor:
     """Bool (Tq, Tk), True = attend: query i sees keys max(0, i − W + 1) … i (top-left aligned)."""
-    q = torch.arange(q_len, device=device)[:, None]
-    k = torch.arange(k_len, device=device)[None, :]
-    keep = k <= q
-    if window is not None:
-        keep = keep & (k > q - window)
-    return keep
+    return Visibility(q_len, k_len, is_causal=True, window=window, q_offset=0).structure(device)
 
 
 def _check_number(name: str, value: Any) -> float:

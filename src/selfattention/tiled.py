@@ -170,6 +170,8 @@ def _canonical(
             q_doc=docs[0] if docs[0] is not None else _doc_b(vis_in.q_doc, lead_b),
             k_doc=docs[1] if docs[1] is not None else _doc_b(vis_in.k_doc, lead_b),
             attn_mask=mask4,
+            mod=vis_in.mod,
+            doc_offset=vis_in.doc_offset,
         )
     else:
         vis = Visibility(

@@ -5,6 +5,8 @@
 * :mod:`.vendor` — torch's fused flash kernels (CPU; memory-efficient on CUDA), which return the
   log-sum-exp; :mod:`.exact` — plain torch ops, for what no fused kernel offers (NaN/inf semantics,
   dropout replay, float-mask gradients);
+* :mod:`.scored` — flex_attention's score mods that are not a bias (softcap, learned tables): per query
+  block, checkpointed, autograd to every captured tensor;
 * :mod:`.merge` — the log-sum-exp merge of partial outputs (also used by ring attention);
 * :mod:`.engine` — a plan executed by one kernel, forward and backward, with autograd;
 * :mod:`.stats` — entropy, top-k keys and column sums from one sweep over the plan.

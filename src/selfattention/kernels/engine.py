@@ -12,7 +12,9 @@ never a silent change of results.
 
 Backward: every call's share of the gradient comes from the final output and log-sum-exp of its rows, so
 the calls are independent (FlashAttention-2, Algorithm 2; ring-flash-attention does the same per ring
-step). Double backward (``create_graph=True``) recomputes through the spec: exact, O(T²) memory.
+step). The log-sum-exp is differentiable too (a loss that uses it, attention sinks): dS = P ∘ (dO Vᵀ − δ +
+dℓ), passed to both kernels as one more value column. Double backward (``create_graph=True``) recomputes
+through the spec: exact, O(T²) memory.
 """
 
 from __future__ import annotations
@@ -235,7 +237,10 @@ def _row_seen(bias: torch.Tensor, causal: bool) -> torch.Tensor:
 def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
     if prob.kernel == "vendor":
         o, l = vendor.forward(qv, kv, vv, bias, call.causal, prob.scale)
-        seen = None if bias is None else _row_seen(bias, call.causal)
+        seen = None
+        # a row the bias leaves blind comes back with lse 0 (or not finite): only then is it looked for
+        if bias is not None and bool(((l == 0) | ~torch.isfinite(l)).any()):
+            seen = _row_seen(bias, call.causal)
         if prob.verify:
             # Nothing was scanned for NaN/inf (see choose_kernel). A result that touched one is either not
             # finite (NaN · 0, +inf scores) or, as the fused kernel drops a NaN score like a hidden one, a
@@ -458,6 +463,8 @@ def _spec_grads(ctx, q, k, v, mask, dout):
             "dropout mask of the first backward cannot be replayed by the spec; use dropout_p=0"
         )
     vis = prob.vis if mask is None else replace(prob.vis, attn_mask=mask)
+    if vis.mod is not None or vis.doc_offset is not None:  # programmable parts: the spec gets them dense
+        vis = Visibility(vis.q_len, vis.k_len, attn_mask=vis.dense_bias(q.dtype, q.device))
     inputs = [t for t in (q, k, v, mask) if t is not None]
     with torch.enable_grad():
         out = attention_steps(q, k, v, attn_mask=vis, scale=prob.scale, enable_gqa=True).context

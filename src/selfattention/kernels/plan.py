@@ -243,13 +243,16 @@ def _grid(vis: Visibility, bq: int, bk: int):
     tq, tk = vis.q_len, vis.k_len
     rows = [(i, min(tq, i + bq)) for i in range(0, tq, bq)]
     cols = [(j, min(tk, j + bk)) for j in range(0, tk, bk)]
-    mkinds = vis.mask_kinds(rows, cols)
+    mkinds = vis.mask_kinds(rows, cols).tolist()
+    if not (vis.structural or vis.q_doc is not None):  # the mask's kinds are the kinds
+        return rows, cols, mkinds
     table = []
     for a, (i0, i1) in enumerate(rows):
         kinds = []
         for c, (j0, j1) in enumerate(cols):
-            kind = SKIP if int(mkinds[a, c]) == SKIP else vis.kind(i0, i1, j0, j1)
-            if kind != SKIP and int(mkinds[a, c]) == PARTIAL:
+            mk = mkinds[a][c]
+            kind = SKIP if mk == SKIP else vis.kind(i0, i1, j0, j1)
+            if kind != SKIP and mk == PARTIAL:
                 kind = PARTIAL
             kinds.append(kind)
         table.append(kinds)

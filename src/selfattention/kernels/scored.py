@@ -47,7 +47,8 @@ def _block(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int,
         s = s + torch.where(bad, math.nan, 0.0).to(s.dtype)
     tile = vis.tile(i0, i0 + rows, c0, c0 + cols, s.dtype, s.device)
     hidden = None if tile is None else tile == -math.inf
-    if hidden is not None:  # the mod sees 0 where hidden: a NaN there has no gradient path back
+    if hidden is not None and (bad_q is not None or bad_k is not None):
+        # the mod sees 0 where hidden: a NaN there has no gradient path back
         s = torch.where(hidden, torch.zeros((), dtype=s.dtype, device=s.device), s)
     s = evaluate_mod(score_mod, *index_tiles(b, h, i0, i0 + rows, c0, c0 + cols, s.device), score=s)
     s = s.to(q.dtype).expand(b, h, rows, cols)
@@ -59,20 +60,28 @@ def _block(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int,
     total = e.sum(dim=-1, keepdim=True)
     blind = total == 0
     one = torch.ones((), dtype=total.dtype, device=total.device)
-    p = e / torch.where(blind, one, total)
-    p5 = p.unflatten(1, (hkv, g))
+    e5 = e.unflatten(1, (hkv, g))
     v5 = v[:, :, None]
     if all_finite(v):
-        out = p5 @ v5
+        out = e5 @ v5  # normalised after the product: (R, Dv) divisions instead of (R, C)
     else:
         seen = torch.ones_like(s, dtype=torch.bool) if hidden is None else ~hidden.expand_as(s)
-        out = guarded_pv(p5, v5, seen.unflatten(1, (hkv, g)))
+        out = guarded_pv(e5, v5, seen.unflatten(1, (hkv, g)))
+    out = out / torch.where(blind, one, total).unflatten(1, (hkv, g))
     lse = torch.where(
         blind,
         torch.full((), -math.inf, dtype=m.dtype, device=m.device),
         m_ref + torch.log(torch.where(blind, one, total)),
     )
     return out.flatten(1, 2), lse.squeeze(-1), m.squeeze(-1)
+
+
+def _joined(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int, n: int, q, *kv):
+    """:func:`_block` over the key pieces ``kv`` (n key pieces, then n value pieces), joined inside (so
+    that a checkpoint keeps views, not the joined copies)."""
+    k = kv[0] if n == 1 else torch.cat(kv[:n], dim=2)
+    v = kv[n] if n == 1 else torch.cat(kv[n:], dim=2)
+    return _block(vis, scale, score_mod, i0, c0, q, k, v)
 
 
 def _clean(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -109,10 +118,15 @@ def attention(
             lses.append(qa.new_full((b, h, n), -math.inf))
             maxes.append(qa.new_full((b, h, n), -math.inf))
 
-    for i0, i1, c0, c1 in row_spans(vis, block_q, block_k):
+    # Blocks are pieces of one split (not slices): the backward of a split concatenates every piece's
+    # gradient once, where a slice's backward would write a zero-filled (B, H, T, D) gradient per block.
+    q_parts = qa.split(block_q, dim=2)
+    k_parts, v_parts = ka.split(block_k, dim=2), va.split(block_k, dim=2)
+    for i0, i1, c0, c1 in row_spans(vis, block_q, block_k):  # i0, c0 on the grid; c1 ends a key block
         gap(i0 - done)
-        fn = partial(_block, vis, scale, score_mod, i0, c0)
-        args = (qa[:, :, i0:i1], ka[:, :, c0:c1], va[:, :, c0:c1])
+        a, z = c0 // block_k, -(-c1 // block_k)
+        fn = partial(_joined, vis, scale, score_mod, i0, c0, z - a)
+        args = (q_parts[i0 // block_q], *k_parts[a:z], *v_parts[a:z])
         o, l, m = checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
         outs.append(o)
         lses.append(l)
