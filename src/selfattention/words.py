@@ -211,10 +211,13 @@ def word_groups(
         raise ValueError("the word view needs a fast tokenizer (character offsets and word ids)")
     enc = tokenizer(text, truncation=True, max_length=len(ids), return_offsets_mapping=True)
     if list(enc["input_ids"]) != ids:
-        raise ValueError("input_ids are not what the tokenizer makes of text: give the run's own text and ids")
+        raise ValueError(
+            "input_ids are not what the tokenizer makes of text: give the run's own text and ids"
+        )
     special_ids = set(tokenizer.all_special_ids)
     spans: list[tuple[int, int] | None] = [
-        None if i in special_ids else (int(a), int(b)) for i, (a, b) in zip(ids, enc["offset_mapping"], strict=True)
+        None if i in special_ids else (int(a), int(b))
+        for i, (a, b) in zip(ids, enc["offset_mapping"], strict=True)
     ]
     tokens = tokenizer.convert_ids_to_tokens(ids)
     if segmenter == "jieba":
