@@ -160,3 +160,37 @@ def test_measures_on_minilm_and_out_projection_matches_the_model():
         )
     with pytest.raises(ValueError, match="measure must be"):
         attribution.measure(run, "gradient")
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not _HAVE_MODEL, reason="needs the model extra")
+def test_weights_not_explanation_lesson_ranks_against_its_own_ablation():
+    from selfattention import pretrained
+    from selfattention.lessons import weights_not_explanation as lesson
+
+    text = "The cat sat on the warm mat."
+    r = lesson.run(sentences=(text,))
+    assert [row[0] for row in r.tables[0].rows] == ["raw weights", "‖α f(x)‖", "rollout", "flow"]
+    assert r.verdict == lesson.verdict(r.measurements)
+    # the raw weights' ρ, recomputed here: last layer, heads and queries averaged, vs dropping each word
+    net, _tok = pretrained.load_model()
+    run = pretrained.run_text(text, compare=False)
+    ids = run.input_ids[0].tolist()
+    words = [j for j in range(len(ids)) if not run.special[j]]
+    with torch.no_grad():
+
+        def out(seq):
+            t = torch.tensor([seq])
+            return net(input_ids=t, attention_mask=torch.ones_like(t)).last_hidden_state[0].double().mean(0)
+
+        full = out(ids)
+        effect = torch.stack(
+            [
+                1 - torch.nn.functional.cosine_similarity(full, out(ids[:j] + ids[j + 1 :]), dim=0)
+                for j in words
+            ]
+        )
+    share = run.attentions[-1].double().mean(dim=(0, 1))  # (T,): mean over heads and queries
+    assert r.measurements["rho"]["raw"][0] == pytest.approx(
+        attribution.spearman(share[words], effect), abs=1e-9
+    )
