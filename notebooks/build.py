@@ -33,6 +33,7 @@ def _pick(text: str, lang: str) -> str:
 
 SETUP = """\
 import torch
+
 from selfattention.i18n import set_language
 
 set_language("{lang}")  # «grade 的反馈、图上的字都用中文|the grader's feedback and figure labels in English»
@@ -41,6 +42,7 @@ torch.set_printoptions(precision=4, sci_mode=False)
 
 SHOW = """\
 import io
+
 from IPython.display import Image, display
 
 
