@@ -395,7 +395,7 @@ def explain(
         except ValueError as e:
             raise UsageError(_("--words: {error}").format(error=e)) from e
         w, labels = aggregate(w, groups.groups), groups.words
-        title += "; " + _(_WORDS_RULE)
+        title = _("{measure}; {words}").format(measure=title, words=_(_WORDS_RULE))
         console.print(
             _("{n} words ({segmenter}): ").format(n=len(labels), segmenter=groups.segmenter)
             + " ".join(labels[:MAX_ROWS])

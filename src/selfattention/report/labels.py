@@ -111,10 +111,10 @@ LABELS: tuple[str, ...] = (
     N_("raw"),
     N_("rollout"),
     N_("flow"),
-    N_("tokens"),
-    N_("words"),
+    N_("by token"),
+    N_("by word"),
     N_(
-        "The trace is that of the raw weights over tokens: choose “raw” and “tokens” above the heatmap to see it."
+        "The trace is that of the raw weights over tokens: choose “raw” and “by token” above the heatmap to see it."
     ),
 )
 

@@ -586,7 +586,7 @@
     box.textContent = "";
     $("trace-hint").textContent = tx("layer {layer} · head {head} · query “{token}” (#{s})", { layer: l, head: h, token: D.tokens[s], s });
     if (VIEW) {
-      box.append(el("div", { class: "missing", text: tx("The trace is that of the raw weights over tokens: choose “raw” and “tokens” above the heatmap to see it.") }));
+      box.append(el("div", { class: "missing", text: tx("The trace is that of the raw weights over tokens: choose “raw” and “by token” above the heatmap to see it.") }));
       return;
     }
     if (!e) {

@@ -88,7 +88,9 @@ def views_payload(
             views[f"tokens:{name}"] = _view("tokens", name, tokens, special, m, _(MEASURE_NOTES[name]))
         if groups is not None:
             words_special = [all(special[t] for t in g) for g in groups.groups]
-            note = _(MEASURE_NOTES[name]) + " " + _(WORDS_NOTE).format(segmenter=groups.segmenter)
+            note = _("{measure} {words}").format(
+                measure=_(MEASURE_NOTES[name]), words=_(WORDS_NOTE).format(segmenter=groups.segmenter)
+            )
             views[f"words:{name}"] = _view(
                 "words", name, groups.words, words_special, aggregate(m, groups.groups), note, groups.groups
             )
