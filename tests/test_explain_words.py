@@ -94,7 +94,9 @@ def test_bad_measure_and_flow_too_long_are_usage_errors(capsys):
     assert code == 2 and "--measure must be one of raw, norm, rollout, flow" in out
     long = " ".join(["word"] * (attribution.FLOW_MAX_TOKENS + 1))
     code, out = _explain(capsys, long, "--measure", "flow")
-    assert code == 2 and "--measure flow: at most 32 tokens" in " ".join(out.split())
+    assert code == 2 and f"--measure flow: at most {attribution.FLOW_MAX_TOKENS} tokens" in " ".join(
+        out.split()
+    )
 
 
 def _has_m3e_and_jieba() -> bool:

@@ -87,7 +87,7 @@ def test_flow_left_out_for_long_texts_and_no_views_without_matrices():
     run = synthetic_run(40, n_layers=1, n_heads=1, head_dim=4, seed=1)
     views, notes = views_payload(run)
     assert "tokens:flow" not in views and "tokens:rollout" in views
-    assert len(notes) == 1 and "at most 32 tokens" in notes[0]
+    assert len(notes) == 1 and "at most 20 tokens" in notes[0]
     run.attentions = None
     views, notes = views_payload(run)
     assert views == {} and "too long" in notes[0]

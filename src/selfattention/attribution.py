@@ -49,9 +49,9 @@ __all__ = [
 MEASURES = ("raw", "norm", "rollout", "flow")
 """The four readings `explain` and the report offer: raw weights, ‖α f(x)‖, rollout, flow."""
 
-FLOW_MAX_TOKENS = 32
+FLOW_MAX_TOKENS = 20
 """Attention flow solves T² max-flow problems on a graph of (L+1)·T nodes and L·T² edges; above this many
-tokens it is refused (it would take minutes)."""
+tokens it is refused (32 tokens took 53 s on a shared 2-core machine)."""
 
 
 def _check_weights(attentions: Any) -> torch.Tensor:
@@ -106,8 +106,8 @@ def attention_flow(
 
     ``F[i, j]`` = the maximum flow from node (L, i) to node (0, j) in the graph whose edges go from
     (l+1, i) to (l, j) with capacity Â_l[i, j] (:func:`residual_attention`). Solved with networkx's
-    shortest augmenting path, T² times (about 1 s for T = 16 and L = 6; minutes past
-    :data:`FLOW_MAX_TOKENS`).
+    shortest augmenting path, T² times: 2.4–3.7 s for T = 16 and L = 6 on a shared 2-core machine, 53 s for
+    T = 32 (it grows about as T⁴), hence :data:`FLOW_MAX_TOKENS`.
 
     Raises:
         ValueError: see :func:`residual_attention`; more than ``max_tokens`` tokens.

@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
             "--measure",
             help=N_(
                 "The view the page opens on: raw, norm (‖α f(x)‖), rollout or flow; the page holds all four "
-                "(flow for texts of at most 32 tokens) and switches between them."
+                "(flow for short texts only) and switches between them."
             ),
         ),
         by_words: bool = typer.Option(
