@@ -141,7 +141,9 @@ def top_table(matrix, labels: list[str], k: int, n_rows: int, unit: str = "token
         title=escape(title.format(k=k)), title_justify="left", box=None, padding=(0, 1), pad_edge=False
     )
     table.add_column(_("query"), style="bold", no_wrap=True)
-    table.add_column(_("most attended, heaviest first"))
+    table.add_column(
+        _("most attended words, heaviest first") if unit == "word" else _("most attended, heaviest first")
+    )
     tops = top_of(matrix, k)
     for i in range(n_rows):
         parts = [f"{escape(labels[j])} [dim]\\[{j}][/dim] {w:.2f}" for j, w in tops[i]]
