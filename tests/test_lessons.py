@@ -403,13 +403,36 @@ def test_kv_reuse_verdict_and_run():
 
 
 def test_weights_not_explanation_verdict():
-    v = weights_not_explanation.verdict({"weight_share": [0.6, 0.4], "norm_share": [0.2, 0.3]})
-    assert v.status == HOLDS
-    assert v.because.startswith("layer 0:")  # layers count from 0, as in `explain` and `report`
-    assert (
-        weights_not_explanation.verdict({"weight_share": [0.3, 0.4], "norm_share": [0.3, 0.38]}).status
-        == FAILS
-    )
+    def m(raw, norm, rollout, flow):
+        return {"rho": {"raw": raw, "norm": norm, "rollout": rollout, "flow": flow}}
+
+    poor = weights_not_explanation.verdict(m([0.2, 0.4], [0.9, 0.9], [0.1, 0.1], [0.0, 0.2]))
+    assert poor.status == HOLDS and "raw weights 0.30" in poor.because and "poorly" in poor.because
+    better = weights_not_explanation.verdict(m([0.8, 0.7], [0.9, 0.95], [0.1, 0.1], [0.0, 0.2]))
+    assert better.status == HOLDS and "‖α f(x)‖ ranks them better" in better.because
+    assert weights_not_explanation.verdict(m([0.8, 0.7], [0.8, 0.75], [0.1, 0.1], [0.0, 0.2])).status == FAILS
+
+
+def test_weights_not_explanation_ablation_drops_one_token():
+    class Net:  # the output's last hidden state is the ids themselves as vectors
+        def __call__(self, input_ids, attention_mask):
+            from types import SimpleNamespace
+
+            return SimpleNamespace(last_hidden_state=torch.nn.functional.one_hot(input_ids, 4).float())
+
+    effect = weights_not_explanation.ablation(Net(), torch.tensor([[0, 1, 1, 2]]), [1, 3])
+    # mean of one-hots: full (1/4, 2/4, 1/4, 0); position 1 dropped: (1/3, 1/3, 1/3, 0); position 3: (1/3, 2/3, 0, 0)
+    f64 = torch.float64
+    full = torch.tensor([1.0, 2.0, 1.0, 0.0], dtype=f64) / 4
+
+    def cos(a, b):
+        return float(a @ b / (a.norm() * b.norm()))
+
+    want = [
+        1 - cos(full, torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=f64) / 3),
+        1 - cos(full, torch.tensor([1.0, 2.0, 0.0, 0.0], dtype=f64) / 3),
+    ]
+    assert effect.tolist() == pytest.approx(want, rel=1e-12)
 
 
 def test_one_aggregation_verdict_and_task():

@@ -352,7 +352,8 @@ def test_cli_model_report_matches_the_model_run(tmp_path):
     assert _cli(["report", text, "--out", str(out), "--head", "2.5", "--token", "3"]) == 0
     p = payload_of(out.read_text(encoding="utf-8"))
     run = pretrained.run_text(text, compare=False)
-    assert p["tokens"] == run.tokens and p["initial"] == {"layer": 2, "head": 5, "token": 3}
+    assert p["tokens"] == run.tokens
+    assert p["initial"] == {"layer": 2, "head": 5, "token": 3, "view": "tokens:raw"}
     assert len(p["exact"]) == 72  # a short text: every head exact
     w = decode_array(p["exact"]["2.5"]["weights"])
     assert np.abs(w - run.attentions[2, 5].numpy()).max() < 1e-6

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
 
+from ..attribution import FLOW_MAX_TOKENS, MEASURES
 from ..i18n import N_, _
 from ..pretrained import MATCH_TOLERANCE
 from . import UsageError, console
@@ -55,6 +56,7 @@ _HELP_VALUES = {
     "text": DEFAULT_TEXT,
     "layer": DEFAULT_LAYER,
     "head": DEFAULT_HEAD,
+    "flow_max": FLOW_MAX_TOKENS,
 }
 
 
@@ -115,22 +117,71 @@ def weight_table(weights, tokens: list[str], n_rows: int, n_cols: int, title: st
     return table
 
 
-def top_table(run, layer: int, head: int, k: int, n_rows: int) -> Table:
-    """Each query token's ``k`` most-attended tokens with their weights."""
+def top_of(matrix, k: int) -> list[list[tuple[int, float]]]:
+    """For each row of ``matrix`` (T, T'), its ``k`` largest columns as ``(index, value)``, largest first;
+    ties keep the earlier column first. ``k`` is capped at T'."""
+    import torch
+
+    k = min(k, matrix.shape[-1])
+    order = torch.sort(torch.as_tensor(matrix), dim=-1, descending=True, stable=True)
+    return [
+        [(int(i), float(v)) for i, v in zip(idx[:k].tolist(), val[:k].tolist(), strict=True)]
+        for idx, val in zip(order.indices, order.values, strict=True)
+    ]
+
+
+def top_table(matrix, labels: list[str], k: int, n_rows: int, unit: str = "token") -> Table:
+    """Each query's ``k`` most-attended keys (tokens or words) with their values."""
+    title = (
+        _("top {k} attended words per query: word [position] weight")
+        if unit == "word"
+        else _("top {k} attended tokens per query: token [position] weight")
+    )
     table = Table(
-        title=escape(_("top {k} attended tokens per query: token [position] weight").format(k=k)),
-        title_justify="left",
-        box=None,
-        padding=(0, 1),
-        pad_edge=False,
+        title=escape(title.format(k=k)), title_justify="left", box=None, padding=(0, 1), pad_edge=False
     )
     table.add_column(_("query"), style="bold", no_wrap=True)
-    table.add_column(_("most attended, heaviest first"))
-    tops = run.top_attended(layer, head, k)
+    table.add_column(
+        _("most attended words, heaviest first") if unit == "word" else _("most attended, heaviest first")
+    )
+    tops = top_of(matrix, k)
     for i in range(n_rows):
-        parts = [f"{escape(run.tokens[j])} [dim]\\[{j}][/dim] {w:.2f}" for j, w in tops[i]]
-        table.add_row(escape(f"{i} {run.tokens[i]}"), ",  ".join(parts))
+        parts = [f"{escape(labels[j])} [dim]\\[{j}][/dim] {w:.2f}" for j, w in tops[i]]
+        table.add_row(escape(f"{i} {labels[i]}"), ",  ".join(parts))
     return table
+
+
+_MEASURE_TITLES = {
+    "raw": N_("weights of our attention: row = query, sums to 1; highlighted = row max"),
+    "norm": N_(
+        "‖α f(x)‖ (Kobayashi et al. 2020): each weight times the size of what its key adds (its value "
+        "through the output projection), rows rescaled to sum to 1; highlighted = row max"
+    ),
+    "rollout": N_(
+        "attention rollout after layer {layer} (Abnar & Zuidema 2020): heads averaged, the residual added "
+        "(0.5·A + 0.5·I), multiplied through layers 0–{layer}; row = position, column = input token, sums to 1"
+    ),
+    "flow": N_(
+        "attention flow to the last layer (Abnar & Zuidema 2020): the max-flow from each position to each "
+        "input token through every layer (0.5·A + 0.5·I), rows rescaled to sum to 1"
+    ),
+}
+_WORDS_RULE = N_("words: weights summed over a word's keys, averaged over its queries (Clark et al. 2019)")
+
+
+def measured(run, measure: str, layer: int, head: int, net=None):
+    """The (T, T) matrix that ``--measure`` shows: raw weights or ‖α f(x)‖ of (layer, head), rollout
+    after ``layer``, or flow to the last layer (:mod:`selfattention.attribution`), float64."""
+    from .. import attribution
+
+    if measure == "raw":
+        return run.weights(layer, head).double()
+    m = attribution.measure(run, measure, net)
+    if measure == "norm":
+        return m[layer, head]
+    if measure == "rollout":
+        return m[layer]
+    return m
 
 
 def _check_out(out: Path) -> Path:
@@ -187,6 +238,23 @@ def explain(
         None, "--out", "-o", help=N_("Write a heatmap PNG of this head's weights, tokens on both axes.")
     ),
     top: int = typer.Option(3, "--top", "-k", help=N_("How many most-attended tokens to list per token.")),
+    measure: str = typer.Option(
+        "raw",
+        "--measure",
+        help=N_(
+            "What to show: raw (the head's softmax weights), norm (‖α f(x)‖ of the head, Kobayashi et al. "
+            "2020), rollout (all heads, through layers 0..--layer) or flow (all heads and layers, max-flow; "
+            "at most {flow_max} tokens), both Abnar & Zuidema 2020."
+        ),
+    ),
+    by_words: bool = typer.Option(
+        False,
+        "--words/--tokens",
+        help=N_(
+            "Show words instead of tokens: jieba's words for Chinese (pip install jieba), the tokenizer's "
+            "words otherwise; weights summed over a word's keys, averaged over its queries."
+        ),
+    ),
 ) -> None:
     from .. import pretrained
     from ..focus import strongest_link
@@ -215,6 +283,12 @@ def explain(
         )
     if top < 1:
         raise UsageError(_("--top must be at least 1, got {value}").format(value=top))
+    if measure not in MEASURES:
+        raise UsageError(
+            _("--measure must be one of {choices}, got {value!r}").format(
+                choices=", ".join(MEASURES), value=measure
+            )
+        )
     if out is not None:
         out = _check_out(out)
 
@@ -239,6 +313,18 @@ def explain(
     t_run = time.perf_counter() - t0
 
     T = len(run.tokens)
+    if measure != "raw" and run.attentions is None:
+        raise UsageError(
+            _("--measure {measure}: the input is too long to keep every weight matrix").format(
+                measure=measure
+            )
+        )
+    if measure == "flow" and T > FLOW_MAX_TOKENS:
+        raise UsageError(
+            _(
+                "--measure flow: at most {n} tokens (T² max-flow problems), this text has {t}; try rollout"
+            ).format(n=FLOW_MAX_TOKENS, t=T)
+        )
     link = None
     if layer is None or head is None:
         link = strongest_link((run.layer_weights(la) for la in range(run.n_layers)), run.tokens, run.special)
@@ -248,7 +334,11 @@ def explain(
         layer, head = layer or 0, head or 0
     console.rule(
         _("[bold]{what}[/bold] {of}").format(
-            what=escape(_("{name} · layer {layer}, head {head}").format(name=name, layer=layer, head=head)),
+            what=escape(
+                _("{name} · layer {layer}, head {head}").format(name=name, layer=layer, head=head)
+                if measure in ("raw", "norm")
+                else _heat_title(name, measure, layer, head, False)
+            ),
             of=escape(_("(of {n_layers} × {n_heads}, 0-based)").format(n_layers=n_layers, n_heads=n_heads)),
         )
     )
@@ -293,32 +383,54 @@ def explain(
         _("{n} tokens: ").format(n=T) + " ".join(run.tokens[:MAX_ROWS]) + more, highlight=False, markup=False
     )
 
-    w = run.weights(layer, head)
-    k = min(top, T)
-    n_rows = min(T, MAX_ROWS)
-    n_cols = columns_that_fit(console.width, run.tokens, n_rows)
-    console.print(
-        weight_table(
-            w,
-            run.tokens,
-            n_rows,
-            n_cols,
-            escape(_("weights of our attention: row = query, sums to 1; highlighted = row max")),
+    net, tokenizer = pretrained.load_model(model)
+    w = measured(run, measure, layer, head, net)
+    labels = run.tokens
+    title = _(_MEASURE_TITLES[measure]).format(layer=layer)
+    if by_words:
+        from ..words import aggregate, word_groups
+
+        try:
+            groups = word_groups(run.text, tokenizer, run.input_ids)
+        except ImportError as e:
+            raise UsageError(str(e)) from e
+        except ValueError as e:
+            raise UsageError(_("--words: {error}").format(error=e)) from e
+        w, labels = aggregate(w, groups.groups), groups.words
+        title = _("{measure}; {words}").format(measure=title, words=_(_WORDS_RULE))
+        console.print(
+            _("{n} words ({segmenter}): ").format(n=len(labels), segmenter=groups.segmenter)
+            + " ".join(labels[:MAX_ROWS])
+            + (_(" … (+{n} more)").format(n=len(labels) - MAX_ROWS) if len(labels) > MAX_ROWS else ""),
+            highlight=False,
+            markup=False,
         )
-    )
-    if n_rows < T or n_cols < T:
+    n = len(labels)
+    k = min(top, n)
+    n_rows = min(n, MAX_ROWS)
+    n_cols = columns_that_fit(console.width, labels, n_rows)
+    console.print(weight_table(w, labels, n_rows, n_cols, escape(title)))
+    if n_rows < n or n_cols < n:
         console.print(
             "[yellow]{}[/yellow]".format(
                 escape(
-                    _(
-                        "showing query rows 0–{last_row} and key columns 0–{last_col} of {n} tokens "
-                        "(to fit the screen); 'rest' = the weight on the key columns not shown. "
-                        "The top-{k} list below covers every key; --out FILE.png draws the whole matrix."
-                    ).format(last_row=n_rows - 1, last_col=n_cols - 1, n=T, k=k)
+                    (
+                        _(
+                            "showing query rows 0–{last_row} and key columns 0–{last_col} of {n} words "
+                            "(to fit the screen); 'rest' = the weight on the key columns not shown. "
+                            "The top-{k} list below covers every key; --out FILE.png draws the whole matrix."
+                        )
+                        if by_words
+                        else _(
+                            "showing query rows 0–{last_row} and key columns 0–{last_col} of {n} tokens "
+                            "(to fit the screen); 'rest' = the weight on the key columns not shown. "
+                            "The top-{k} list below covers every key; --out FILE.png draws the whole matrix."
+                        )
+                    ).format(last_row=n_rows - 1, last_col=n_cols - 1, n=n, k=k)
                 )
             )
         )
-    console.print(top_table(run, layer, head, k, n_rows))
+    console.print(top_table(w, labels, k, n_rows, "word" if by_words else "token"))
 
     dw, dh = run.max_abs_diff_weights, run.max_abs_diff_hidden
     ok = dh is not None and dh <= MATCH_TOLERANCE and (dw is None or dw <= MATCH_TOLERANCE)
@@ -373,21 +485,29 @@ def explain(
 
         fig = attention_heatmap(
             w,
-            _fmt_tokens(run.tokens),
-            _fmt_tokens(run.tokens),
-            title=_("{name} · layer {layer}, head {head} · our attention").format(
-                name=name, layer=layer, head=head
-            ),
+            _fmt_tokens(labels),
+            _fmt_tokens(labels),
+            title=_heat_title(name, measure, layer, head, by_words),
         )
         try:
             save_png(fig, out, dpi=150)
         except OSError as e:
             raise UsageError(_("--out: cannot write {path!r}: {error}").format(path=str(out), error=e)) from e
         console.print(
-            _("heatmap ({T}×{T}) written to {out}").format(T=T, out=out), highlight=False, markup=False
+            _("heatmap ({T}×{T}) written to {out}").format(T=n, out=out), highlight=False, markup=False
         )
     if not ok:
         raise typer.Exit(1)
+
+
+def _heat_title(name: str, measure: str, layer: int, head: int, by_words: bool) -> str:
+    what = {
+        "raw": _("{name} · layer {layer}, head {head} · our attention"),
+        "norm": _("{name} · layer {layer}, head {head} · ‖α f(x)‖, rows sum to 1"),
+        "rollout": _("{name} · attention rollout after layer {layer}"),
+        "flow": _("{name} · attention flow to the last layer, rows sum to 1"),
+    }[measure].format(name=name, layer=layer, head=head)
+    return what + (" · " + _("words") if by_words else "")
 
 
 explain.__doc__ = _HELP.format(**_HELP_VALUES)

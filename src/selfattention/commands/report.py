@@ -46,6 +46,35 @@ def _human(n: int) -> str:
     return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
 
 
+def _add_views(payload: dict, run, model: Path | None, measure: str, by_words: bool) -> None:
+    """The page's other views (words; rollout, flow, ‖α f(x)‖); it opens on ``--measure`` / ``--words``."""
+    from .. import pretrained
+    from ..attribution import FLOW_MAX_TOKENS
+    from ..report.views import add_views
+    from ..words import word_groups
+
+    if run.attentions is None and (by_words or measure != "raw"):
+        raise UsageError(
+            _("--words and --measure need every weight matrix: this input is too long (try --max-length)")
+        )
+    if measure == "flow" and len(run.tokens) > FLOW_MAX_TOKENS:
+        raise UsageError(
+            _(
+                "--measure flow: at most {n} tokens (T² max-flow problems), this text has {t}; try rollout"
+            ).format(n=FLOW_MAX_TOKENS, t=len(run.tokens))
+        )
+    net, tokenizer = pretrained.load_model(model)
+    groups = None
+    if run.attentions is not None:
+        try:
+            groups = word_groups(run.text, tokenizer, run.input_ids)
+        except (ImportError, ValueError) as e:
+            if by_words:
+                raise UsageError(_("--words: {error}").format(error=e)) from None
+            payload["notes"].append(_("No word view: {error}").format(error=e))
+    add_views(payload, run, groups, net, initial=f"{'words' if by_words else 'tokens'}:{measure}")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("report", help=_HELP)
     def report(
@@ -97,6 +126,22 @@ def register(app: typer.Typer) -> None:
             "--exact-mb",
             help=N_("Megabytes allowed for exact per-head traces (the rest: 8-bit colours)."),
         ),
+        measure: str = typer.Option(
+            "raw",
+            "--measure",
+            help=N_(
+                "The view the page opens on: raw, norm (‖α f(x)‖), rollout or flow; the page holds all four "
+                "(flow for short texts only) and switches between them."
+            ),
+        ),
+        by_words: bool = typer.Option(
+            False,
+            "--words/--tokens",
+            help=N_(
+                "Open on words instead of tokens (jieba's words for Chinese, the tokenizer's words otherwise); "
+                "the page switches between the two."
+            ),
+        ),
     ) -> None:
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -107,6 +152,16 @@ def register(app: typer.Typer) -> None:
             raise UsageError(
                 _('give exactly one of TEXT, --file PATH or --example NAME (e.g. report "Hello world")')
             )
+        from ..attribution import MEASURES
+
+        if measure not in MEASURES:
+            raise UsageError(
+                _("--measure must be one of {choices}, got {value!r}").format(
+                    choices=", ".join(MEASURES), value=measure
+                )
+            )
+        if example is not None and (by_words or measure != "raw"):
+            raise UsageError(_("--words and --measure apply to model reports, not to a worked example"))
         if not math.isfinite(exact_mb) or exact_mb <= 0:
             raise UsageError(_("--exact-mb must be a finite number > 0, got {value}").format(value=exact_mb))
         if out.exists() and out.is_dir():
@@ -217,6 +272,8 @@ def register(app: typer.Typer) -> None:
                     progress.update(task, description=msg + "…")
 
                 payload = model_report(run, head=head_lh, token=token, exact_budget_mb=exact_mb, progress=say)
+                say(_("rollout, flow, ‖α f(x)‖ and words"))
+                _add_views(payload, run, model, measure, by_words)
                 say(_("writing {out}").format(out=out))
                 size = write_report(payload, out)
             from .._scripts import has_cjk
@@ -259,7 +316,7 @@ def register(app: typer.Typer) -> None:
                 heads=n_heads,
                 layer=lh["layer"],
                 head=lh["head"],
-                token=run.tokens[lh["token"]],
+                token=(payload["views"].get(lh.get("view", ""), {}).get("labels") or run.tokens)[lh["token"]],
             )
         if example is not None:
             size = write_report(payload, out)

@@ -107,6 +107,15 @@ LABELS: tuple[str, ...] = (
     N_("colour ∝ √weight: small weights stay visible"),
     N_("colour ∝ weight"),
     N_("each row scaled to its own largest weight"),
+    # the views: words instead of tokens; rollout, flow, ‖α f(x)‖ (selfattention.report.views)
+    N_("raw"),
+    N_("rollout"),
+    N_("flow"),
+    N_("by token"),
+    N_("by word"),
+    N_(
+        "The trace is that of the raw weights over tokens: choose “raw” and “by token” above the heatmap to see it."
+    ),
 )
 
 

@@ -106,13 +106,20 @@
 
   // ---------- state ----------
   let D, T, L, H, U8, U8_INDEX = null, TOPK = null, SPECIAL_FLAGS = null;
-  const exact = {};          // "l.h" -> {weights, scores, scaled, context, [query, key, value], scale}
+  let exact = {};            // "l.h" -> {weights, scores, scaled, context, [query, key, value], scale}
   const approxCache = {};
-  const S = { layer: 0, head: 0, token: 0, dir: "out", scale: "sqrt", metric: "entropy", showAll: false, sortByWeight: false, hover: null };
+  const S = { layer: 0, head: 0, token: 0, dir: "out", scale: "sqrt", metric: "entropy", showAll: false, sortByWeight: false, hover: null, unit: "tokens", measure: "raw" };
+  // other views (words instead of tokens; rollout, flow, ‖α f(x)‖): D.views["unit:measure"], swapped in
+  // by applyView(); BASE keeps the raw token data. VIEW: the active view (null: the raw token weights).
+  let BASE = null, VIEW = null;
   const key = (l, h) => l + "." + h;
 
   // where head (l, h) starts in the 8-bit data, or -1 when its matrix is not stored (long inputs)
   function u8Offset(l, h) {
+    if (VIEW) {
+      const [vl, vh] = VIEW.dims;  // rollout: one matrix per layer; flow: one matrix
+      return ((vl === 1 ? 0 : l) * vh + (vh === 1 ? 0 : h)) * T * T;
+    }
     if (!U8_INDEX) return (l * H + h) * T * T;
     const i = U8_INDEX[key(l, h)];
     return i === undefined ? -1 : i * T * T;
@@ -232,6 +239,7 @@
       }
     }
     const nExact = Object.keys(exact).length;
+    if (VIEW) { $("grid-note").textContent = VIEW.note; drawThumbs(); return; }
     $("grid-note").textContent = (T > 64 ? tx("Thumbnails show the largest weight in each block of {n}×{n} cells.", { n: Math.ceil(T / 64) }) + " " : "") +
       (U8_INDEX ? tx("The input is long: only {n} heads have a matrix; the grey ones have statistics and each query's heaviest keys.", { n: Object.keys(U8_INDEX).length }) + " " : "") +
       (nExact < L * H ? tx("Exact values and traces stored for {n} of {total} heads (underlined in blue: {heads}); the others show 8-bit values.",
@@ -520,6 +528,11 @@
       [tx("on first “{token}”", { token: first }), pct(st.first[l][h])],
       [tx("on last “{token}”", { token: last }), pct(st.last[l][h])],
     ];
+    if (VIEW) {
+      // the statistics are those of the raw token weights: in another view say what is shown instead
+      box.append(el("span", { class: "muted", text: VIEW.note }));
+      return;
+    }
     for (const [k, v, extra] of items) box.append(el("span", null, k + " ", el("b", { text: v }), extra ? el("span", { class: "muted", text: " " + extra }) : null));
   }
 
@@ -572,6 +585,10 @@
     const box = $("trace"), l = S.layer, h = S.head, s = S.token, e = exact[key(l, h)];
     box.textContent = "";
     $("trace-hint").textContent = tx("layer {layer} · head {head} · query “{token}” (#{s})", { layer: l, head: h, token: D.tokens[s], s });
+    if (VIEW) {
+      box.append(el("div", { class: "missing", text: tx("The trace is that of the raw weights over tokens: choose “raw” and “by token” above the heatmap to see it.") }));
+      return;
+    }
     if (!e) {
       const links = Object.keys(exact).map((k) => {
         const [kl, kh] = k.split(".").map(Number);
@@ -659,6 +676,7 @@
     app.dataset.token = String(S.token);
     app.dataset.dir = S.dir;
     app.dataset.scale = S.scale;
+    app.dataset.view = S.unit + ":" + S.measure;
   }
   function selectToken(i) {
     S.token = Math.max(0, Math.min(T - 1, i));
@@ -675,10 +693,47 @@
     renderHeadStats(); drawHeat(); shadeTokens(); renderTrace(); renderStats(); publish();
   }
 
+  // ---------- views: words, rollout, flow, ‖α f(x)‖ ----------
+  function viewName(unit, measure) { return unit + ":" + measure; }
+  function hasView(name) { return name === "tokens:raw" || Boolean(D.views && D.views[name]); }
+  function syncViewButtons() {
+    for (const b of $("measure-toggle").querySelectorAll("button")) b.disabled = !hasView(viewName(S.unit, b.dataset.measure));
+    for (const b of $("unit-toggle").querySelectorAll("button")) b.disabled = !hasView(viewName(b.dataset.unit, S.measure));
+    syncSeg("measure-toggle", "measure", S.measure); syncSeg("unit-toggle", "unit", S.unit);
+  }
+  // the selected token's index in another unit: a token's word, or a word's first token
+  function mapToken(i, from, to) {
+    if (from === to) return i;
+    const groups = (D.views[viewName("words", "raw")] || {}).groups;
+    if (!groups) return 0;
+    if (to === "words") return Math.max(0, groups.findIndex((g) => g.includes(i)));
+    return groups[i] ? groups[i][0] : 0;
+  }
+  async function applyView(unit, measure) {
+    const name = viewName(unit, measure);
+    if (!hasView(name)) return;
+    S.token = mapToken(S.token, S.unit, unit);
+    S.unit = unit; S.measure = measure;
+    if (name === "tokens:raw") {
+      VIEW = null;
+      ({ tokens: D.tokens, T, U8, U8_INDEX, TOPK, SPECIAL_FLAGS, exact } = BASE);
+    } else {
+      const v = D.views[name];
+      if (!v.u8) v.u8 = await decode(v.weights_u8);
+      VIEW = v;
+      D.tokens = v.labels; T = v.labels.length; U8 = v.u8; U8_INDEX = null; TOPK = null; SPECIAL_FLAGS = v.special; exact = {};
+    }
+    for (const k of Object.keys(approxCache)) delete approxCache[k];
+    S.token = Math.max(0, Math.min(T - 1, S.token)); S.hover = null;
+    renderTokens();
+    if (L * H > 1) renderGrid();
+    layoutHeat(); renderHeadStats(); drawHeat(); shadeTokens(); renderTrace(); syncViewButtons(); publish();
+  }
+
   async function loadFonts() {
     // the embedded glyph subset of a CJK font (a data: URL) must be loaded before the canvases draw labels
     if (!document.fonts || !document.fonts.load) return;
-    const text = D.tokens.join("") + (D.title || "") + (D.caveat_zh || "");
+    const text = D.tokens.join("") + (D.title || "") + (D.caveat_zh || "") + (D.title_glyphs || "");
     try { await document.fonts.load('14px "selfattention CJK"', text); } catch (e) { console.warn(e); }
   }
 
@@ -703,6 +758,13 @@
       for (const name of ["scores", "scaled", "weights", "context", "query", "key", "value"]) if (rec[name]) out[name] = await decode(rec[name]);
       exact[k] = out;
     }));
+    BASE = { tokens: D.tokens, T, U8, U8_INDEX, TOPK, SPECIAL_FLAGS, exact };
+    const hasViews = Boolean(D.views && Object.keys(D.views).length);
+    $("measure-toggle").hidden = !hasViews; $("unit-toggle").hidden = !hasViews;
+    if (hasViews) {
+      // every label of every view is drawn with the embedded CJK glyphs too
+      for (const v of Object.values(D.views)) D.title_glyphs = (D.title_glyphs || "") + v.labels.join("");
+    }
     await loadFonts();
     const tDecode = performance.now();
     if (L * H === 1) $("left-col").hidden = true;
@@ -717,6 +779,22 @@
     if (L * H > 1) renderStats();
     syncSeg("dir-toggle", "dir", S.dir); syncSeg("scale-toggle", "scale", S.scale); syncSeg("metric-toggle", "metric", S.metric);
     publish();
+    if (hasViews) {
+      syncViewButtons();
+      const [u0, m0] = (D.initial.view || "tokens:raw").split(":");
+      if (u0 !== "tokens" || m0 !== "raw") {
+        // the initial token is given in the initial view's unit
+        const t0 = D.initial.token; await applyView(u0, m0); S.token = Math.min(T - 1, t0); selectToken(S.token);
+      }
+      $("measure-toggle").addEventListener("click", (ev) => {
+        const b = ev.target.closest("button"); if (!b || b.disabled) return;
+        applyView(S.unit, b.dataset.measure).catch((e) => showError(String(e && e.stack || e)));
+      });
+      $("unit-toggle").addEventListener("click", (ev) => {
+        const b = ev.target.closest("button"); if (!b || b.disabled) return;
+        applyView(b.dataset.unit, S.measure).catch((e) => showError(String(e && e.stack || e)));
+      });
+    }
 
     const ov = $("overlay");
     ov.addEventListener("mousemove", onHover);
