@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -232,7 +232,8 @@ def tiled_attention(
     block_k: int | None = None,
     dropout_seed: int | None = None,
     kernel: str | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact attention in O(T) memory: softmax(Q Kᵀ·scale + mask) V, planned by blocks, with autograd.
 
     Same arguments, shapes, semantics and errors as :func:`selfattention.scaled_dot_product_attention`
@@ -266,10 +267,15 @@ def tiled_attention(
             None); the backward regenerates each tile's mask instead of storing it.
         kernel: ``None`` (the fused vendor kernel whenever it can serve the problem, else the exact
             kernel), ``"vendor"`` (raise ``ValueError`` with the reason if it cannot) or ``"exact"``.
+        return_lse: also return the log-sum-exp of each query row (see Returns).
 
     Returns:
         (..., H, Tq, Dv) in the dtype of ``query``; statistics in float32 at least (bfloat16/float16 on
-        CPU are computed in float32).
+        CPU are computed in float32). With ``return_lse=True``, ``(out, lse)``: lse (..., H, Tq), the
+        natural log of Σ_j exp(score_ij) over the keys the row sees (scaled scores plus a float mask,
+        before dropout), float32 at least, ``-inf`` for a row that sees nothing. It is differentiable
+        with respect to query and key (not to a float mask that requires grad: ``ValueError``); merge
+        states with :func:`selfattention.merge_states`.
 
     Gradients flow to query, key, value and a float ``attn_mask`` that requires grad (a learned bias
     such as ALiBi/T5: its gradient is dS summed over its broadcast dims). The backward keeps only the
@@ -285,6 +291,7 @@ def tiled_attention(
     tensor([[1.3395, 0.6605],
             [0.6605, 1.3395]])
     """
+    check_bool("return_lse", return_lse)
     plain = None
     if attn_mask is None and document_ids is None and kernel is None and dropout_seed is None:
         plain = _plain_key(
@@ -292,7 +299,8 @@ def tiled_attention(
         )
         prob = _PLANS.get(plain) if plain is not None else None
         if prob is not None:  # the same shapes, dtypes, devices and options as a call planned before
-            return engine.attention(query, key, value, prob, None)[0]
+            out, lse = engine.attention(query, key, value, prob, None)
+            return (out, lse) if return_lse else out
     c, dropout_p = _canonical(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
     )
@@ -300,9 +308,19 @@ def tiled_attention(
     if dropout_seed is not None and (isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int)):
         raise TypeError(f"dropout_seed must be an int or None, got {type(dropout_seed).__name__}")
     tq, dv = c.vis.q_len, c.v.shape[-1]
+    if return_lse and c.mask is not None:
+        raise ValueError(
+            "return_lse=True with a float attn_mask that requires grad: the gradient of the log-sum-exp "
+            "with respect to the mask is not computed here; detach the mask or use backend='reference'"
+        )
     if tq == 0 or c.vis.k_len == 0 or c.q.shape[0] == 0 or c.q.shape[1] == 0:
         out = _empty_context(query, key, value, (*c.batch, tq, dv))
-        return out.reshape(tq, dv) if c.unbatched else out
+        out = out.reshape(tq, dv) if c.unbatched else out
+        if not return_lse:
+            return out
+        acc = torch.promote_types(query.dtype, torch.float32)
+        lse = torch.full(out.shape[:-1], -math.inf, dtype=acc, device=query.device)
+        return out, lse
     prob = engine.make_problem(
         c.q, c.k, c.v, c.vis, c.scale, dropout_p=dropout_p, dropout_seed=dropout_seed,
         mask_grad=c.mask is not None, kernel=kernel, block_q=bq, block_k=bk, defer_kv=_no_autograd(c),
@@ -312,8 +330,40 @@ def tiled_attention(
             if len(_PLANS) >= _PLANS_MAX:
                 del _PLANS[next(iter(_PLANS))]  # the oldest
             _PLANS[plain] = prob
-    out, _ = engine.attention(c.q, c.k, c.v, prob, c.mask)
-    return _shape_out(c, out, (tq, dv))
+    out, lse = engine.attention(c.q, c.k, c.v, prob, c.mask)
+    out = _shape_out(c, out, (tq, dv))
+    if not return_lse:
+        return out
+    if torch.is_grad_enabled() and (c.q.requires_grad or c.k.requires_grad):
+        lse = _LseGrad.apply(c.q, c.k, lse, prob)
+    return out, _shape_out(c, lse, (tq,))
+
+
+class _LseGrad(torch.autograd.Function):
+    """The log-sum-exp as a function of query and key: ∂ℓ_i/∂q_i = scale · Σ_j P_ij k_j (attention of the
+    queries over the keys with the keys as values) and ∂ℓ_i/∂k_j = scale · P_ij q_i (the value gradient of
+    that attention for the output gradient scale · dℓ_i · q_i): one engine forward and backward, O(T) memory."""
+
+    @staticmethod
+    def forward(ctx, q, k, lse, prob):  # type: ignore[override]
+        ctx.save_for_backward(q, k, lse)
+        ctx.prob = prob
+        return lse.clone()
+
+    @staticmethod
+    def backward(ctx, dlse):  # type: ignore[override]
+        q, k, lse = ctx.saved_tensors
+        prob = replace(ctx.prob, dropout=None, mask_grad=False, verify=False)  # the lse is before dropout
+        c = prob.compute
+        qc, kc = q.to(c).contiguous(), k.to(c).contiguous()
+        with torch.no_grad():
+            pk, _ = engine.forward(qc, kc, kc, prob)  # Σ_j P_ij k_j
+            lse_c = lse.to(c)
+            dl = torch.where(lse_c == -math.inf, torch.zeros((), dtype=c, device=q.device), dlse.to(c))
+            dl = (prob.scale * dl).unsqueeze(-1)
+            dq = dl * pk
+            _, _, dk, _ = engine.backward((dl * qc).contiguous(), qc, kc, kc, pk, lse_c, prob)
+        return dq.to(q.dtype), dk.to(k.dtype), None, None
 
 
 #: Problems of plain calls, by :func:`_plain_key` (a model runs the same shapes in every layer and forward:
