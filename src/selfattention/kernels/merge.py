@@ -97,9 +97,9 @@ def merge_states(
     od = torch.promote_types(out_a.dtype, out_b.dtype)
     work = torch.promote_types(od, acc)
     zero = torch.zeros((), dtype=work, device=out_a.device)
-    # a part that saw nothing contributes nothing, even if its output holds NaN
-    pa = torch.where((wa == 0).unsqueeze(-1), zero, wa.unsqueeze(-1).to(work) * out_a.to(work))
-    pb = torch.where((wb == 0).unsqueeze(-1), zero, wb.unsqueeze(-1).to(work) * out_b.to(work))
+    # a part that saw nothing contributes nothing, even if its output holds NaN (nor NaN gradients)
+    pa = wa.unsqueeze(-1).to(work) * torch.where((wa == 0).unsqueeze(-1), zero, out_a.to(work))
+    pb = wb.unsqueeze(-1).to(work) * torch.where((wb == 0).unsqueeze(-1), zero, out_b.to(work))
     return (pa + pb).to(od), lse
 
 
