@@ -98,7 +98,9 @@ def test_two_halves_merged_equal_the_whole_with_gradients(backend):
     out, lse = merge_states(*a, *b)
     assert (out - whole).abs().max() < 1e-12 and (lse - whole_lse).abs().max() < 1e-12
     g = torch.randn_like(out)
-    for x, y in zip(torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(whole, (q, k, v), g), strict=True):
+    for x, y in zip(
+        torch.autograd.grad(out, (q, k, v), g), torch.autograd.grad(whole, (q, k, v), g), strict=True
+    ):
         assert (x - y).abs().max() < 1e-12
 
 
@@ -121,7 +123,10 @@ def test_merge_minus_inf_is_safe_with_gradients():
     ob = torch.tensor([[0.0, 0.0], [5.0, 6.0]], dtype=torch.float64, requires_grad=True)
     lb = torch.tensor([-math.inf, 0.5], dtype=torch.float64, requires_grad=True)
     out, lse = merge_states(oa, la, ob, lb)
-    assert out.tolist() == [[0.0, 0.0], [5.0, 6.0]]  # row 0 saw nothing anywhere; row 1: b alone (a's NaN unused)
+    assert out.tolist() == [
+        [0.0, 0.0],
+        [5.0, 6.0],
+    ]  # row 0 saw nothing anywhere; row 1: b alone (a's NaN unused)
     assert lse[0] == -math.inf and lse[1] == 0.5
     grads = torch.autograd.grad(out.sum() + torch.where(torch.isinf(lse), 0.0, lse).sum(), (oa, la, ob, lb))
     for gr in grads:
