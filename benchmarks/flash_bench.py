@@ -91,12 +91,18 @@ def varlen(lengths: list[int], h: int, d: int, rounds: int, backward: bool) -> N
     def pad():
         run(F.scaled_dot_product_attention(*padded, attn_mask=mask))
 
-    med = _rounds({"flash_attn_varlen_func": ours, "SDPA per sequence (sum)": per_seq, "SDPA padded + mask": pad}, rounds)
+    med = _rounds(
+        {"flash_attn_varlen_func": ours, "SDPA per sequence (sum)": per_seq, "SDPA padded + mask": pad},
+        rounds,
+    )
     what = "forward + backward" if backward else "forward"
     _report(
         f"varlen {what}: {b} causal sequences {lengths}, H={h}, D={d}, total {total} tokens",
         med,
-        [("flash_attn_varlen_func", "SDPA per sequence (sum)"), ("flash_attn_varlen_func", "SDPA padded + mask")],
+        [
+            ("flash_attn_varlen_func", "SDPA per sequence (sum)"),
+            ("flash_attn_varlen_func", "SDPA padded + mask"),
+        ],
     )
 
 
@@ -109,7 +115,9 @@ def dense(batch: int, t: int, h: int, d: int, rounds: int, window: int) -> None:
         "SDPA": lambda: F.scaled_dot_product_attention(qs, ks, vs),
         "flash_attn_func causal": lambda: flash_attn_func(q, k, v, causal=True),
         "SDPA causal": lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True),
-        f"flash_attn_func window ({window - 1}, 0)": lambda: flash_attn_func(q, k, v, window_size=(window - 1, 0)),
+        f"flash_attn_func window ({window - 1}, 0)": lambda: flash_attn_func(
+            q, k, v, window_size=(window - 1, 0)
+        ),
         f"tiled_attention window={window}": lambda: tiled_attention(qs, ks, vs, window=window),
     }
     med = _rounds(variants, rounds)
@@ -132,7 +140,12 @@ def main() -> None:
     if args.quick:
         lengths, rounds, t, window = [int(x) for x in torch.linspace(20, 400, 8).round().tolist()], 3, 512, 64
     else:
-        lengths, rounds, t, window = [int(x) for x in torch.linspace(100, 4000, 8).round().tolist()], 5, 4096, 256
+        lengths, rounds, t, window = (
+            [int(x) for x in torch.linspace(100, 4000, 8).round().tolist()],
+            5,
+            4096,
+            256,
+        )
     rounds = args.rounds or rounds
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {rounds} rounds (median)")
     torch.set_grad_enabled(False)

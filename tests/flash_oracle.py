@@ -66,9 +66,10 @@ def fa_sequence(
         if softcap > 0:
             s = softcap * torch.tanh(s / softcap)
         if slopes is not None:
-            rel = torch.tensor(
-                [[abs(i + sk - sq - j) for j in range(sk)] for i in range(sq)], dtype=torch.float64
-            )
+            rel = torch.zeros(sq, sk, dtype=torch.float64)
+            for i in range(sq):
+                for j in range(sk):
+                    rel[i, j] = abs(i + sk - sq - j)
             s = s - float(slopes[hh]) * rel
         s = s.masked_fill(~vis, -math.inf)
         rows_o, rows_l = [], []

@@ -76,11 +76,14 @@ def test_lse_gradient(backend):
         assert (a - b).abs().max() < 1e-10
 
 
-def test_tiled_lse_with_learned_mask_is_refused():
-    q = _rand(1, 1, 4, 4)
-    bias = torch.zeros(4, 4, dtype=torch.float64, requires_grad=True)
-    with pytest.raises(ValueError, match="return_lse=True with a float attn_mask that requires grad"):
-        scaled_dot_product_attention(q, q, q, bias, backend="tiled", return_lse=True)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lse_gradient_reaches_a_learned_mask(backend):
+    q, k = _rand(1, 1, 5, 4, seed=1), _rand(1, 1, 7, 4, seed=2)
+    bias = _rand(5, 7, seed=3)
+    _, lse = scaled_dot_product_attention(q, k, k, bias, backend=backend, return_lse=True)
+    (got,) = torch.autograd.grad(lse.sum(), bias)
+    want = torch.softmax(q @ k.transpose(-1, -2) * 0.5 + bias, -1)[0, 0]  # d lse_i / d bias_ij = P_ij
+    assert (got - want).abs().max() < 1e-10
 
 
 def test_return_lse_must_be_bool():

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
@@ -273,9 +273,8 @@ def tiled_attention(
         (..., H, Tq, Dv) in the dtype of ``query``; statistics in float32 at least (bfloat16/float16 on
         CPU are computed in float32). With ``return_lse=True``, ``(out, lse)``: lse (..., H, Tq), the
         natural log of Σ_j exp(score_ij) over the keys the row sees (scaled scores plus a float mask,
-        before dropout), float32 at least, ``-inf`` for a row that sees nothing. It is differentiable
-        with respect to query and key (not to a float mask that requires grad: ``ValueError``); merge
-        states with :func:`selfattention.merge_states`.
+        before dropout), float32 at least, ``-inf`` for a row that sees nothing; differentiable (the
+        engine's backward takes its gradient); merge states with :func:`selfattention.merge_states`.
 
     Gradients flow to query, key, value and a float ``attn_mask`` that requires grad (a learned bias
     such as ALiBi/T5: its gradient is dS summed over its broadcast dims). The backward keeps only the
@@ -308,11 +307,6 @@ def tiled_attention(
     if dropout_seed is not None and (isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int)):
         raise TypeError(f"dropout_seed must be an int or None, got {type(dropout_seed).__name__}")
     tq, dv = c.vis.q_len, c.v.shape[-1]
-    if return_lse and c.mask is not None:
-        raise ValueError(
-            "return_lse=True with a float attn_mask that requires grad: the gradient of the log-sum-exp "
-            "with respect to the mask is not computed here; detach the mask or use backend='reference'"
-        )
     if tq == 0 or c.vis.k_len == 0 or c.q.shape[0] == 0 or c.q.shape[1] == 0:
         out = _empty_context(query, key, value, (*c.batch, tq, dv))
         out = out.reshape(tq, dv) if c.unbatched else out
@@ -334,36 +328,7 @@ def tiled_attention(
     out = _shape_out(c, out, (tq, dv))
     if not return_lse:
         return out
-    if torch.is_grad_enabled() and (c.q.requires_grad or c.k.requires_grad):
-        lse = _LseGrad.apply(c.q, c.k, lse, prob)
     return out, _shape_out(c, lse, (tq,))
-
-
-class _LseGrad(torch.autograd.Function):
-    """The log-sum-exp as a function of query and key: ∂ℓ_i/∂q_i = scale · Σ_j P_ij k_j (attention of the
-    queries over the keys with the keys as values) and ∂ℓ_i/∂k_j = scale · P_ij q_i (the value gradient of
-    that attention for the output gradient scale · dℓ_i · q_i): one engine forward and backward, O(T) memory."""
-
-    @staticmethod
-    def forward(ctx, q, k, lse, prob):  # type: ignore[override]
-        ctx.save_for_backward(q, k, lse)
-        ctx.prob = prob
-        return lse.clone()
-
-    @staticmethod
-    def backward(ctx, dlse):  # type: ignore[override]
-        q, k, lse = ctx.saved_tensors
-        prob = replace(ctx.prob, dropout=None, mask_grad=False, verify=False)  # the lse is before dropout
-        c = prob.compute
-        qc, kc = q.to(c).contiguous(), k.to(c).contiguous()
-        with torch.no_grad():
-            pk, _ = engine.forward(qc, kc, kc, prob)  # Σ_j P_ij k_j
-            lse_c = lse.to(c)
-            dl = torch.where(lse_c == -math.inf, torch.zeros((), dtype=c, device=q.device), dlse.to(c))
-            dl = (prob.scale * dl).unsqueeze(-1)
-            dq = dl * pk
-            _, _, dk, _ = engine.backward((dl * qc).contiguous(), qc, kc, kc, pk, lse_c, prob)
-        return dq.to(q.dtype), dk.to(k.dtype), None, None
 
 
 #: Problems of plain calls, by :func:`_plain_key` (a model runs the same shapes in every layer and forward:

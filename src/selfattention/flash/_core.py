@@ -1,18 +1,17 @@
-"""The computation behind :mod:`selfattention.flash`: a :class:`~._args.Problem` on the block engine, or, for
-what the engine cannot express yet, on dense torch ops.
+"""The computation behind :mod:`selfattention.flash`: a :class:`~._args.Problem` on the block engine.
 
-Engine (O(T) memory, torch's fused kernels, forward and backward): no softcap, no ALiBi, no dropout, and
-a window that is causal-shaped (right = 0; left any) or absent. Packed sequences become document ids of
-one (1, H, total, D) problem, planned one kernel call per sequence by the engine's documents strategy
-(no padding). The engine aligns causal per document when every sequence has as many queries as keys,
-or more generally when cu_seqlens_k[b+1] − cu_seqlens_q[b+1] is the same for every sequence b that has
-queries and keys; other packed problems go dense until ``selfattention.flex_attention``'s
-``packed_sequences`` lands (then :func:`attend` switches to it).
+The visibility is one of :mod:`selfattention.mods`' ready structures — ``packed_sequences`` (flash-attn's
+varlen: each sequence's queries bottom-right on its own keys, its window (left, right)) or
+``sliding_window(left, right, offset=seqlen_k − seqlen_q)`` — turned into the engine's
+:class:`~selfattention.visibility.Visibility` without evaluating a mask: packed sequences are planned one
+kernel call per sequence (document ids, per-document offset), windows as causal-at-an-offset bands. No
+padding, no Python loop over sequences here, O(T) memory.
 
-Dense (O(Tq·Tk) memory, torch ops, autograd): everything else — softcap, ALiBi, two-sided or non-causal
-windows, per-sequence alignment the engine cannot take, and dropout (its keep-mask drawn from a generator
-seeded by one int drawn from torch's global generator, so ``torch.manual_seed`` reproduces it; autograd
-keeps the mask for the backward).
+* no softcap, no ALiBi: the engine on torch's fused kernels (:mod:`selfattention.kernels.engine`);
+* softcap and/or ALiBi: the engine's score-mod kernel (:mod:`selfattention.kernels.scored`, per query
+  block, checkpointed) with flash-attn's score ``cap · tanh(s / cap) − slope · |i + sk − sq − j|``;
+* dropout: dense torch ops (O(Tq·Tk) memory, autograd keeps the mask): the keep-mask is drawn from a
+  generator seeded by one int drawn from torch's global generator, so ``torch.manual_seed`` reproduces it.
 """
 
 from __future__ import annotations
@@ -21,13 +20,14 @@ import math
 
 import torch
 
+from .. import mods
 from .._validation import all_finite
 from ..functional import guarded_pv, row_logsumexp
-from ..tiled import tiled_attention
+from ..kernels import engine, scored
 from ..visibility import Visibility
 from ._args import Problem
 
-__all__ = ["attend", "engine_can", "positions"]
+__all__ = ["attend", "positions", "visibility"]
 
 
 def positions(p: Problem) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor, torch.Tensor]:
@@ -45,50 +45,76 @@ def positions(p: Problem) -> tuple[torch.Tensor | None, torch.Tensor | None, tor
     return qd, kd, qp, kp
 
 
-def _engine_offset(p: Problem) -> int | None:
-    """The engine's q_offset that aligns every sequence bottom-right on its own keys, or None."""
-    if not p.varlen:
-        return p.k.shape[2] - p.q.shape[2]
-    lq, lk = p.cu_q[1:] - p.cu_q[:-1], p.cu_k[1:] - p.cu_k[:-1]
-    ends = (p.cu_k[1:] - p.cu_q[1:])[(lq > 0) & (lk > 0)]
-    if ends.numel() == 0:
-        return 0
-    first = int(ends[0])
-    return first if bool((ends == first).all()) else None
-
-
-def engine_can(p: Problem) -> bool:
-    """Whether the block engine computes this problem (see the module docstring)."""
-    if p.softcap > 0 or p.alibi is not None or p.dropout_p > 0:
-        return False
-    if not p.windowed:
-        return True
-    return p.right == 0 and _engine_offset(p) is not None
-
-
-def _visibility(p: Problem) -> Visibility:
+def visibility(p: Problem) -> Visibility:
+    """The engine's Visibility of the problem (flash-attn's rules, already normalised in ``p``)."""
     tq, tk = p.q.shape[2], p.k.shape[2]
-    causal = p.windowed
-    window = None
-    if causal and p.left < max(p.max_k, tk):  # a left window narrower than every sequence's keys
-        window = p.left + 1
-    qd = kd = None
     if p.varlen:
-        qd, kd, _, _ = positions(p)
-        qd, kd = qd[None], kd[None]
-    off = _engine_offset(p) if causal else None
-    return Visibility(tq, tk, is_causal=causal, window=window, q_offset=off, q_doc=qd, k_doc=kd)
+        mod = mods.packed_sequences(p.cu_q, p.cu_k, False, (p.left, p.right))
+    elif p.windowed:
+        mod = mods.sliding_window(p.left, p.right, offset=tk - tq)
+    else:
+        return Visibility(tq, tk)
+    fields = mods.visibility_fields(mod, tq, tk)
+    if fields is None:  # both sides bounded or neither: always a structure (see _args._normalise)
+        raise AssertionError(f"no structure for window ({p.left}, {p.right})")
+    return Visibility(tq, tk, **fields)
+
+
+class _Scores:
+    """flash-attn's score mod: cap · tanh(s / cap), then − slope · |i + sk − sq − j| (positions per
+    sequence), on flex's broadcast index tensors b (B, 1, 1, 1), h (1, H, 1, 1), q_idx (…, R, 1), kv_idx."""
+
+    def __init__(self, p: Problem) -> None:
+        self.cap = p.softcap
+        self.slopes = None
+        if p.alibi is not None:
+            qd, _, qp, kp = positions(p)
+            self.qp, self.kp = qp, kp
+            sl = p.alibi.to(torch.promote_types(p.q.dtype, torch.float32))
+            if qd is not None:  # (Tq, H): each query's own sequence's slopes
+                sl = sl.expand(int(p.cu_q.numel() - 1), -1) if sl.shape[0] == 1 else sl
+                self.slopes, self.per_query = sl[qd], True
+            else:
+                self.slopes, self.per_query = sl, False
+
+    def __call__(self, score, b, h, q_idx, kv_idx):
+        s = score
+        if self.cap > 0:
+            s = self.cap * torch.tanh(s / self.cap)
+        if self.slopes is not None:
+            rel = (self.qp[q_idx] - self.kp[kv_idx]).abs().to(s.dtype)
+            if self.per_query:
+                slope = self.slopes[q_idx, h]
+            else:
+                slope = self.slopes[b if self.slopes.shape[0] > 1 else 0, h]
+            s = s - slope * rel
+        return s
 
 
 def attend(p: Problem, *, return_probs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(out (B, H, Tq, D) in q's dtype, lse (B, H, Tq) float32 at least, S_dmask or None)."""
-    if engine_can(p) and not (return_probs and p.dropout_p > 0):
-        # (B, H, T, D) copies: the fused kernel runs ~13% slower on the transposed views of flash-attn's
-        # (B, T, H, D) layout (measured at T = 2000), and the copy is O(T) against O(T²) work
-        q, k, v = (t.contiguous() for t in (p.q, p.k, p.v))
-        out, lse = tiled_attention(q, k, v, _visibility(p), scale=p.scale, enable_gqa=True, return_lse=True)
+    if p.dropout_p > 0:
+        return _dense(p, return_probs)
+    b, h, tq, d = p.q.shape
+    tk = p.k.shape[2]
+    acc = torch.promote_types(p.q.dtype, torch.float32)
+    if tq == 0 or tk == 0 or b == 0 or h == 0 or d == 0:
+        zero = p.q[..., :0].sum() + p.k[..., :0].sum() + p.v[..., :0].sum()  # zeros tied to the graph
+        out = zero.expand(b, h, tq, p.v.shape[-1]).to(p.q.dtype).clone()
+        if d == 0 and tk > 0:  # headdim 0: every score is 0, uniform weights over the visible keys
+            return _dense(p, return_probs)
+        return out, torch.full((b, h, tq), -math.inf, dtype=acc, device=p.q.device), None
+    vis = visibility(p)
+    # (B, H, T, D) copies: the fused kernel runs ~13% slower on the transposed views of flash-attn's
+    # (B, T, H, D) layout (measured at T = 2000), and the copy is O(T) against O(T²) work
+    q, k, v = (t.contiguous() for t in (p.q, p.k, p.v))
+    if p.softcap > 0 or p.alibi is not None:
+        out, lse, _ = scored.attention(q, k, v, vis, p.scale, _Scores(p), block_q=128, block_k=512)
         return out, lse, None
-    return _dense(p, return_probs)
+    no_grad = not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)))
+    prob = engine.make_problem(q, k, v, vis, p.scale, defer_kv=no_grad)
+    out, lse = engine.attention(q, k, v, prob)
+    return out, lse.to(acc), None
 
 
 def _dense(p: Problem, return_probs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
