@@ -169,3 +169,30 @@ def test_merge_errors():
         merge_states(o, l, torch.zeros(3, 3), torch.zeros(3))
     with pytest.raises(TypeError, match="floating"):
         merge_states(o.long(), l, o, l)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_document_pairs_align_causal_per_document(backend):
+    """SDPA-shaped packed problems: (query ids, key ids) with causal, each document bottom-right on its own
+    keys — the same as flash-attn's varlen with those lengths (chunked prefill in a packed batch)."""
+    from selfattention.tiled import tiled_attention
+
+    from .flash_oracle import fa_varlen
+
+    lq, lk = [1, 2, 3], [3, 3, 5]
+    q_ids = torch.repeat_interleave(torch.arange(3), torch.tensor(lq))
+    k_ids = torch.repeat_interleave(torch.arange(3), torch.tensor(lk))
+    q, k, v = _rand(1, 2, 6, 4, seed=1), _rand(1, 2, 11, 4, seed=2), _rand(1, 2, 11, 4, seed=3)
+    cu_q = torch.tensor([0, 1, 3, 6])
+    cu_k = torch.tensor([0, 3, 6, 11])
+    want, _ = fa_varlen(
+        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu_q, cu_k, causal=True
+    )
+    if backend == "tiled":
+        got = tiled_attention(q, k, v, is_causal=True, document_ids=(q_ids, k_ids), block_q=2, block_k=3)
+    else:
+        from selfattention import Visibility
+
+        vis = Visibility(6, 11, is_causal=True, q_doc=q_ids[None], k_doc=k_ids[None], doc_offset=0)
+        got = scaled_dot_product_attention(q, k, v, vis, backend=backend)
+    assert (got[0].transpose(0, 1) - want).abs().max() < 1e-10

@@ -179,25 +179,39 @@ def _canonical(
             )
         if window is not None and vis_in.window is not None and window != vis_in.window:
             raise ValueError(f"window={window} but the Visibility has window={vis_in.window}")
+        w = window if window is not None else vis_in.window
         vis = Visibility(
             q_len,
             k_len,
             is_causal=causal,
-            window=window if window is not None else vis_in.window,
+            window=w,
             q_offset=vis_in.q_offset,
             q_doc=docs[0] if docs[0] is not None else _doc_b(vis_in.q_doc, lead_b),
             k_doc=docs[1] if docs[1] is not None else _doc_b(vis_in.k_doc, lead_b),
             attn_mask=mask4,
+            mod=vis_in.mod,
+            doc_offset=vis_in.doc_offset
+            if vis_in.doc_offset is not None
+            else _per_doc(document_ids, causal, w),
         )
     else:
         vis = Visibility(
-            q_len, k_len, is_causal=is_causal, window=window, q_doc=docs[0], k_doc=docs[1], attn_mask=mask4
-        )
+            q_len, k_len, is_causal=is_causal, window=window, q_doc=docs[0], k_doc=docs[1], attn_mask=mask4,
+            doc_offset=_per_doc(document_ids, is_causal, window),
+        )  # fmt: skip
     grad_mask = (
         mask4 is not None and mask4.is_floating_point() and mask4.requires_grad and torch.is_grad_enabled()
     )
     canon = _Canon(q, k, v, vis, mask4 if grad_mask else None, scale, tuple(batch), unbatched)
     return canon, dropout_p
+
+
+def _per_doc(document_ids, causal: bool, window: int | None) -> int | None:
+    """A pair (query ids, key ids) with causal or a window: each document's queries sit bottom-right on
+    its own keys (doc_offset 0). One tensor of ids (the same for queries and keys) needs no offset: every
+    document then has as many queries as keys at the same place, and both alignments agree."""
+    pair = isinstance(document_ids, tuple | list)
+    return 0 if pair and (causal or window is not None) else None
 
 
 def _doc_b(ids: torch.Tensor | None, lead: tuple[int, ...]) -> torch.Tensor | None:
@@ -254,7 +268,16 @@ def tiled_attention(
 
         document_ids: integer ids (..., T) when Tq == Tk, or a pair ``(query_ids (..., Tq),
             key_ids (..., Tk))``: a query sees only keys with the same id (packed documents). Leading
-            dims broadcast against the batch dims without the heads. Ids [0, 0, 1]::
+            dims broadcast against the batch dims without the heads. With a pair, ``is_causal`` and
+            ``window`` are aligned **per document**: a document's queries sit bottom-right on its own
+            keys (chunked prefill in a packed batch: 1 query after 2 keys of doc 0, 2 after 1 of doc 1)::
+
+                q ids [0, 1, 1], k ids [0, 0, 0, 1, 1, 1], causal
+                1 1 1 0 0 0
+                0 0 0 1 1 0
+                0 0 0 1 1 1
+
+            Ids [0, 0, 1]::
 
                 1 1 0
                 1 1 0
@@ -533,6 +556,9 @@ def computed_fraction(
     if q_doc is not None:
         q_doc, k_doc = q_doc.reshape(-1, q_len)[:1], k_doc.reshape(-1, k_len)[:1]
     bq, bk = _blocks(block_q, block_k)
-    vis = Visibility(q_len, k_len, is_causal=is_causal, window=window, q_doc=q_doc, k_doc=k_doc)
+    vis = Visibility(
+        q_len, k_len, is_causal=is_causal, window=window, q_doc=q_doc, k_doc=k_doc,
+        doc_offset=_per_doc(document_ids, is_causal, window) if q_doc is not None else None,
+    )  # fmt: skip
     plan = make_plan(vis, bq, bk)
     return plan.entries() / max(1, q_len * k_len)

@@ -2,8 +2,9 @@
 
 The functions of ``flash_attn`` (Dao 2023, "FlashAttention-2"; the public ``flash_attn_interface.py``) with
 their signatures, argument order, defaults, layouts and return values, computed by this library's block
-engine (:mod:`selfattention.tiled`, torch's fused kernels, O(T) memory) where it can, else by dense torch
-ops (see :mod:`selfattention.flash._core`). Switch existing code with one line::
+engine (torch's fused kernels, O(T) memory, one kernel call per packed sequence; softcap/ALiBi on its
+score-mod kernel); only dropout runs on dense torch ops (see :mod:`selfattention.flash._core`). Switch
+existing code with one line::
 
     import selfattention.flash as flash_attn            # flash_attn.flash_attn_func(q, k, v, causal=True)
 
