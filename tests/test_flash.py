@@ -132,6 +132,26 @@ def test_varlen_matches_oracle(lq, lk, causal, window, softcap, alibi):
         _close(a, b if b is not None else torch.zeros_like(a))
 
 
+def test_paged_keys_equal_packed():
+    lens, page = [5, 0, 9], 4
+    cu = _cu(lens)
+    q = _rand(sum(lens), 2, 8, seed=1)
+    kp, vp = _rand(7, page, 1, 8, seed=2), _rand(7, page, 1, 8, seed=3)  # 7 pages of 4 keys
+    table = torch.tensor([[3, 0, 6], [1, 1, 1], [5, 2, 4]], dtype=torch.int32)
+    out = flash_attn_varlen_func(q, kp, vp, cu, cu, 9, 9, causal=True, block_table=table)
+    k = torch.cat([kp[table[b].long()].flatten(0, 1)[:n] for b, n in enumerate(lens)])  # loop in the test
+    v = torch.cat([vp[table[b].long()].flatten(0, 1)[:n] for b, n in enumerate(lens)])
+    _close(out, flash_attn_varlen_func(q, k, v, cu, cu, 9, 9, causal=True))
+    g = _rand(*out.shape, seed=4).detach()
+    (dk,) = torch.autograd.grad(out, kp, g)
+    (dk_ref,) = torch.autograd.grad(flash_attn_varlen_func(q, k, v, cu, cu, 9, 9, causal=True), kp, g)
+    _close(dk, dk_ref)
+    with pytest.raises(ValueError, match="sequence 2 has 9 keys but block_table holds 8"):
+        flash_attn_varlen_func(q, kp, vp, cu, cu, 9, 9, block_table=table[:, :2].contiguous())
+    with pytest.raises(ValueError, match="block_table refers to blocks outside"):
+        flash_attn_varlen_func(q, kp, vp, cu, cu, 9, 9, block_table=table + 5)
+
+
 def test_varlen_empty_rows_are_zero_with_minus_inf_lse():
     cq, ck = _cu([3, 2]), _cu([0, 2])
     q, k = _rand(5, 2, 4), _rand(2, 2, 4)
@@ -273,7 +293,12 @@ CU = torch.tensor([0, 1, 4], dtype=torch.int32)
         ({"v": torch.randn(4, 2, 7)}, ValueError, "must have the same shape"),
         ({"v": torch.randn(4, 2, 8, dtype=torch.float64)}, TypeError, "v has dtype torch.float64"),
         ({"q": torch.randn(4, 2, 8, device="meta")}, ValueError, "is on"),
-        ({"block_table": torch.zeros(2, 1, dtype=torch.int32)}, ValueError, "block_table"),
+        (
+            {"k": torch.randn(2, 4, 2, 8), "v": torch.randn(2, 4, 2, 8), "block_table": torch.zeros(2, 1)},
+            TypeError,
+            "block_table must be an int32 tensor",
+        ),
+        ({"block_table": torch.zeros(2, 1, dtype=torch.int32)}, ValueError, "k must have shape (num_blocks"),
     ],
 )
 def test_varlen_errors(kwargs, exc, words):

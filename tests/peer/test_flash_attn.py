@@ -39,9 +39,8 @@
 #   CUDA kernel's block size (_get_block_size_n); selfattention.flash returns the normalised weights
 #   (negative where dropped) instead, so the function returns them as they are (docs/flash.md);
 # * tests left out: flash_attn_with_kvcache (test_flash_attn_kvcache: not part of selfattention.flash),
-#   test_flash_attn_race_condition (CUDA thread races), the paged-KV tests
-#   (test_flash_attn_varlen_paged_kv_num_splits, test_flash_attn_kvcache_paged_block_table_bounds) and
-#   paged_kv_block_size 256/512 of test_flash_attn_varlen_causal (block_table is not supported),
+#   test_flash_attn_race_condition (CUDA thread races), test_flash_attn_varlen_paged_kv_num_splits (the
+#   num_splits argument of the C++ op), test_flash_attn_kvcache_paged_block_table_bounds (kvcache),
 #   test_flash_attn_generator_arg_must_be_none (a CUDA generator argument of the C++ op);
 #   unused CUDA helpers (generate_sparsity_mask, attention_blocksparse_ref) removed;
 # * sizes: `make test` runs a subset chosen in tests/peer/conftest.py (FLASH_PEER_FULL=1 runs every
@@ -1518,7 +1517,7 @@ def test_flash_attn_causal(seqlen_q, seqlen_k, swap_sq_sk, d, local, dtype):
     ],
 )
 # TODO: add smaller page sizes when https://github.com/Dao-AILab/flash-attention/pull/824 is merged
-@pytest.mark.parametrize("paged_kv_block_size", [None])  # paged KV (block_table): not supported
+@pytest.mark.parametrize("paged_kv_block_size", [None, 256, 512])
 # @pytest.mark.parametrize("seqlen_q,seqlen_k", [(256, 128)])
 def test_flash_attn_varlen_causal(seqlen_q, seqlen_k, swap_sq_sk, d, local, paged_kv_block_size, dtype):
     if max(seqlen_q, seqlen_k) >= 2048 and _CUDA_SMALL_MEMORY:
@@ -1772,6 +1771,29 @@ def test_flash_attn_splitkv(seqlen_q, seqlen_k, swap_sq_sk, d, causal, local, al
     assert (dq - dq_ref).abs().max().item() <= mult * (dq_pt - dq_ref).abs().max().item() + 2e-4
     assert (dk - dk_ref).abs().max().item() <= mult * (dk_pt - dk_ref).abs().max().item() + 2e-4
     assert (dv - dv_ref).abs().max().item() <= mult * (dv_pt - dv_ref).abs().max().item() + 2e-4
+
+
+def _generate_block_kvcache(seqlen_k, paged_kv_block_size, batch_size, nheads_k, d, device, dtype):
+    num_blocks = math.ceil(seqlen_k / paged_kv_block_size) * batch_size * 3
+    k_cache_paged = torch.randn(num_blocks, paged_kv_block_size, nheads_k, d, device=device, dtype=dtype)
+    v_cache_paged = torch.randn(num_blocks, paged_kv_block_size, nheads_k, d, device=device, dtype=dtype)
+    block_table = rearrange(
+        torch.randperm(num_blocks, dtype=torch.int32, device=device),
+        "(b nblocks) -> b nblocks",
+        b=batch_size,
+    )
+    k_cache = rearrange(
+        # pytorch 1.12 doesn't have indexing with int32
+        k_cache_paged[block_table.to(dtype=torch.long).flatten()],
+        "(b nblocks) block_size ... -> b (nblocks block_size) ...",
+        b=batch_size,
+    )[:, :seqlen_k]
+    v_cache = rearrange(
+        v_cache_paged[block_table.to(dtype=torch.long).flatten()],
+        "(b nblocks) block_size ... -> b (nblocks block_size) ...",
+        b=batch_size,
+    )[:, :seqlen_k]
+    return k_cache, v_cache, block_table, k_cache_paged, v_cache_paged, num_blocks
 
 
 @pytest.mark.parametrize("dtype", [torch.float16])

@@ -45,7 +45,7 @@ import types
 
 import torch
 
-from ._args import dense_problem, varlen_problem
+from ._args import dense_problem, unpage, varlen_problem
 from ._core import attend
 
 __all__ = [
@@ -204,7 +204,10 @@ def flash_attn_varlen_func(
 
         max_seqlen_q, max_seqlen_k: ints ≥ the longest sequence (flash-attn's window-size clamps use
             max_seqlen_k).
-        block_table: paged keys/values (flash-attn's paged KV cache): not supported here (ValueError).
+        block_table: paged keys/values (flash-attn's paged KV cache): k, v (num_blocks, page_block_size,
+            nheads_k, headdim) and block_table (batch, max_num_blocks_per_seq) int32; sequence b's key t
+            is k[block_table[b, t // page_block_size], t % page_block_size] (any page size; gathered into
+            the packed layout, a copy of the keys the sequences use).
         Others as :func:`flash_attn_func`; alibi_slopes (nheads,) or (batch, nheads).
 
     Returns:
@@ -218,11 +221,8 @@ def flash_attn_varlen_func(
     >>> torch.allclose(out[3:], flash_attn_func(q[None, 3:], q[None, 3:], q[None, 3:], causal=True)[0], atol=1e-6)
     True
     """
-    if block_table is not None:
-        raise ValueError(
-            "block_table (paged keys/values) is not supported by selfattention.flash: pass k/v packed as "
-            "(total_k, nheads_k, headdim) with cu_seqlens_k"
-        )
+    if block_table is not None:  # paged keys/values: gathered into the packed layout
+        k, v = unpage(k, v, block_table, cu_seqlens_k)
     p = varlen_problem(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal,
         window_size, softcap, alibi_slopes, deterministic, return_attn_probs,

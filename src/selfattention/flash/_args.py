@@ -17,7 +17,7 @@ import torch
 
 from .._validation import check_bool, check_dropout
 
-__all__ = ["Problem", "dense_problem", "varlen_problem"]
+__all__ = ["Problem", "dense_problem", "unpage", "varlen_problem"]
 
 
 @dataclass
@@ -256,3 +256,46 @@ def varlen_problem(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], scale, left, right,
         float(softcap), _alibi(alibi_slopes, cq.numel() - 1, q.shape[1], q.device), p, cq, ck, mq, mk,
     )  # fmt: skip
+
+
+def unpage(k, v, block_table, cu_seqlens_k) -> tuple[torch.Tensor, torch.Tensor]:
+    """Paged keys/values (flash-attn's paged KV cache) gathered into the packed (total_k, nheads_k, headdim)
+    layout: sequence b's key t is k[block_table[b, t // page], t % page]. k/v (num_blocks, page_block_size,
+    nheads_k, headdim); block_table (batch, max_num_blocks_per_seq) int32. Differentiable (a gather)."""
+    lay = "(num_blocks, page_block_size, nheads_k, headdim) with block_table"
+    k, v = _tensor("k", k, 4, lay), _tensor("v", v, 4, lay)
+    if k.shape != v.shape:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape {lay}")
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+        raise TypeError(
+            f"block_table must be an int32 tensor (batch, max_num_blocks_per_seq), got {block_table!r}"
+        )
+    if block_table.dim() != 2:
+        raise ValueError(
+            f"block_table must be 2-D (batch, max_num_blocks_per_seq), got {tuple(block_table.shape)}"
+        )
+    if block_table.device != k.device:
+        raise ValueError(f"block_table is on {block_table.device} but k is on {k.device}")
+    if not isinstance(cu_seqlens_k, torch.Tensor):
+        raise TypeError(
+            f"cu_seqlens_k must be a torch.Tensor of dtype int32, got {type(cu_seqlens_k).__name__}"
+        )
+    total = int(cu_seqlens_k[-1]) if cu_seqlens_k.numel() else 0
+    ck = _cu("cu_seqlens_k", cu_seqlens_k, total, k.device)
+    n, page = ck.numel() - 1, k.shape[1]
+    if block_table.shape[0] != n:
+        raise ValueError(f"block_table has {block_table.shape[0]} rows but cu_seqlens_k has {n} sequences")
+    lens = ck[1:] - ck[:-1]
+    room = block_table.shape[1] * page
+    if bool((lens > room).any()):
+        i = int(torch.argmax(lens))
+        raise ValueError(
+            f"sequence {i} has {int(lens[i])} keys but block_table holds {room} (its row's pages)"
+        )
+    seq = torch.repeat_interleave(torch.arange(n, device=k.device), lens)
+    j = torch.arange(total, device=k.device) - ck[seq]
+    blocks = block_table.long()[seq, j // page]
+    if blocks.numel() and (int(blocks.min()) < 0 or int(blocks.max()) >= k.shape[0]):
+        raise ValueError(f"block_table refers to blocks outside 0 … {k.shape[0] - 1}")
+    idx = blocks * page + j % page
+    return k.flatten(0, 1)[idx], v.flatten(0, 1)[idx]
