@@ -15,6 +15,7 @@ from .functional import (
     simple_attention,
     simple_attention_steps,
 )
+from .kernels.merge import merge_states
 from .kv_cache import KVCache
 from .mha import MultiHeadAttention
 from .modules import SelfAttention, SimpleSelfAttention
@@ -42,6 +43,7 @@ __all__ = [
     "flex_attention",
     "grade",
     "masks",
+    "merge_states",
     "mods",
     "noop_mask",
     "or_masks",

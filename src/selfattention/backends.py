@@ -26,7 +26,7 @@ import torch
 
 from . import functional as F
 from . import ops
-from ._validation import all_finite, parse_attention, symbolic
+from ._validation import all_finite, check_bool, parse_attention, symbolic
 from .kernels import vendor
 from .tiled import tiled_attention
 from .visibility import Visibility
@@ -81,7 +81,8 @@ def scaled_dot_product_attention(
     enable_gqa: bool = False,
     training: bool = True,
     backend: str | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q Kᵀ · scale + mask) V on the chosen ``backend`` — lecture 003's Attention(Q, K, V).
 
     Arguments, shapes, mask meaning, semantics and errors are those of the spec,
@@ -91,17 +92,41 @@ def scaled_dot_product_attention(
     spec's materialising math, ``"torch"`` for torch SDPA, ``"tiled"`` for the block engine, or any name
     registered with :func:`register_backend`. An unknown name raises ``ValueError``.
 
+    ``return_lse=True`` returns ``(out, lse)`` on every backend: lse (..., H, Tq), the natural log of
+    Σ_j exp(score_ij) over the keys each row sees (scaled scores plus a float mask, before dropout),
+    float32 at least, ``-inf`` for a row that sees nothing; differentiable. Two states over disjoint keys
+    merge exactly with :func:`selfattention.merge_states` (a backend registered by others gets
+    ``return_lse=True`` passed only when asked, and must then return the pair).
+
     >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     >>> scaled_dot_product_attention(q, q, 2 * q, backend="tiled")   # lecture 003: (1.340, 0.660), ...
     tensor([[1.3395, 0.6605],
             [0.6605, 1.3395]])
+
+    A long context split in two halves and merged equals the whole (lecture 003's softmax is over all keys;
+    each half returns its own normalised output and log-sum-exp):
+
+    >>> from selfattention import merge_states
+    >>> q, k, v = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 100, 8), torch.randn(1, 2, 100, 8)
+    >>> whole = scaled_dot_product_attention(q, k, v, backend="tiled")
+    >>> a = scaled_dot_product_attention(q, k[:, :, :60], v[:, :, :60], backend="tiled", return_lse=True)
+    >>> b = scaled_dot_product_attention(q, k[:, :, 60:], v[:, :, 60:], backend="tiled", return_lse=True)
+    >>> out, lse = merge_states(*a, *b)
+    >>> torch.allclose(out, whole, atol=1e-6)
+    True
     """
+    check_bool("return_lse", return_lse)
     fn = _reference if backend is None else get_backend(backend)
     if symbolic():  # torch.compile / export / vmap / jit.trace: one registered op (selfattention.ops)
+        if return_lse:
+            raise NotImplementedError(
+                "return_lse=True under torch.compile/export/vmap/trace is not supported yet: call it eagerly"
+            )
         return ops.attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
             training=training, backend="reference" if backend is None else backend,
         )  # fmt: skip
+    extra = {"return_lse": True} if return_lse else {}
     return fn(
         query,
         key,
@@ -112,6 +137,7 @@ def scaled_dot_product_attention(
         scale=scale,
         enable_gqa=enable_gqa,
         training=training,
+        **extra,
     )
 
 
@@ -126,10 +152,12 @@ def _reference(
     *,
     enable_gqa=False,
     training=True,
+    return_lse=False,
 ):
-    return F.attention_steps(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
-    ).context
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training,
+        return_lse=return_lse,
+    )  # fmt: skip
 
 
 def _tiled(
@@ -143,10 +171,12 @@ def _tiled(
     *,
     enable_gqa=False,
     training=True,
+    return_lse=False,
 ):
     return tiled_attention(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
-    )
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training,
+        return_lse=return_lse,
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- torch
@@ -199,7 +229,8 @@ def torch_sdpa(
     *,
     enable_gqa: bool = False,
     training: bool = True,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``torch.nn.functional.scaled_dot_product_attention`` with this library's semantics.
 
     Differences bridged: bottom-right causal when Tq != Tk (an explicit mask is passed), rows with no
@@ -209,12 +240,37 @@ def torch_sdpa(
     cast to the query's, bfloat16/float16 on CPU are computed in float32 (torch's fused CPU kernel in
     bfloat16 is 2–3× further from float64 than naive bfloat16 math), and ``create_graph=True`` (double
     backward) works through the spec. Shapes and errors as in the reference.
+
+    ``return_lse=True``: torch SDPA returns no log-sum-exp, so the lse comes from the spec's scores
+    (:func:`selfattention.functional.row_logsumexp`, O(Tq·Tk) memory); use ``backend="tiled"`` for an
+    O(T) one.
     """
+    check_bool("return_lse", return_lse)
     if symbolic():
+        if return_lse:
+            raise NotImplementedError(
+                "return_lse=True under torch.compile/export/vmap/trace is not supported yet: call it eagerly"
+            )
         return ops.attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
             training=training, backend="torch",
         )  # fmt: skip
+    if return_lse:
+        out = torch_sdpa(
+            query,
+            key,
+            value,
+            attn_mask,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa=enable_gqa,
+            training=training,
+        )
+        steps = F.attention_steps(
+            query, key, value[..., :0], attn_mask, 0.0, is_causal, scale, enable_gqa=enable_gqa
+        )
+        return out, F.row_logsumexp(steps.masked_scores)
     args = parse_attention(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
     )

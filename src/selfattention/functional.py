@@ -38,6 +38,7 @@ __all__ = [
     "attention_steps",
     "scaled_dot_product_attention",
     "attention_weights",
+    "row_logsumexp",
     "simple_attention",
     "simple_attention_steps",
 ]
@@ -149,6 +150,25 @@ def visible_keys(vis: Visibility, shape: tuple[int, ...], device: torch.device) 
     if not vis.restricts:
         return None
     return vis.to_mask(device).expand(shape)
+
+
+def row_logsumexp(masked_scores: torch.Tensor) -> torch.Tensor:
+    """log Σ_j exp(masked_scores_ij) over the last dim: the log-sum-exp of each query row (natural log),
+    ``-inf`` for a row whose scores are all ``-inf`` (it sees no key), with a zero gradient there (never
+    NaN from −inf − (−inf)). A NaN score makes its row NaN.
+
+    >>> row_logsumexp(torch.tensor([[0.0, 0.0], [-math.inf, -math.inf]]))
+    tensor([0.6931,   -inf])
+    """
+    if masked_scores.shape[-1] == 0:
+        return masked_scores.new_full(masked_scores.shape[:-1], -math.inf)
+    m = masked_scores.amax(dim=-1, keepdim=True).detach()
+    m = torch.where(m == -math.inf, torch.zeros((), dtype=m.dtype, device=m.device), m)
+    total = torch.exp(masked_scores - m).sum(dim=-1)
+    empty = total == 0
+    safe = torch.where(empty, torch.ones((), dtype=total.dtype, device=total.device), total)
+    neg = torch.full((), -math.inf, dtype=total.dtype, device=total.device)
+    return torch.where(empty, neg, m.squeeze(-1) + torch.log(safe))
 
 
 def attention_steps(
@@ -267,7 +287,8 @@ def scaled_dot_product_attention(
     *,
     enable_gqa: bool = False,
     training: bool = True,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """softmax(Q Kᵀ · scale + mask) V — lecture 003's Attention(Q, K, V) = softmax(QKᵀ/√dₖ)·V: the spec.
 
     A drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (same argument order and
@@ -299,11 +320,15 @@ def scaled_dot_product_attention(
         enable_gqa: allow H to be a multiple of Hkv (grouped-query attention; query head h uses
             key/value head h // (H // Hkv)).
         training: whether dropout applies.
+        return_lse: also return the log-sum-exp of each row (see Returns).
 
     Returns:
         Context vectors, (..., H, Tq, Dv), dtype of ``query``. A query row with no visible key (fully
         masked, or Tk = 0) gets a zero vector and zero gradient. NaN or inf in a visible key/value
         propagates (NaN in, NaN out); in a hidden one it never reaches the result.
+        With ``return_lse=True``, ``(context, lse)``: lse (..., H, Tq) = log Σ_j exp(masked score_ij)
+        (natural log, before dropout; float32 at least; ``-inf`` for a row that sees no key), the state
+        that :func:`selfattention.merge_states` merges. Differentiable.
 
     Raises:
         TypeError: non-tensor or non-floating inputs, mixed dtypes, integer masks.
@@ -315,7 +340,9 @@ def scaled_dot_product_attention(
     tensor([[1.3395, 0.6605],
             [0.6605, 1.3395]])
     """
-    return attention_steps(
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    steps = attention_steps(
         query,
         key,
         value,
@@ -325,7 +352,10 @@ def scaled_dot_product_attention(
         scale,
         enable_gqa=enable_gqa,
         training=training,
-    ).context
+    )
+    if return_lse:
+        return steps.context, row_logsumexp(steps.masked_scores)
+    return steps.context
 
 
 def attention_weights(

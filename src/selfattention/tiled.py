@@ -161,27 +161,39 @@ def _canonical(
         causal = args.vis.is_causal  # is_causal merged into the Visibility by parse_attention
         if window is not None and vis_in.window is not None and window != vis_in.window:
             raise ValueError(f"window={window} but the Visibility has window={vis_in.window}")
+        w = window if window is not None else vis_in.window
         vis = Visibility(
             q_len,
             k_len,
             is_causal=causal,
-            window=window if window is not None else vis_in.window,
+            window=w,
             q_offset=vis_in.q_offset,
             q_doc=docs[0] if docs[0] is not None else _doc_b(vis_in.q_doc, lead_b),
             k_doc=docs[1] if docs[1] is not None else _doc_b(vis_in.k_doc, lead_b),
             attn_mask=mask4,
             mod=vis_in.mod,
-            doc_offset=vis_in.doc_offset,
+            doc_offset=vis_in.doc_offset
+            if vis_in.doc_offset is not None
+            else _per_doc(document_ids, causal, w),
         )
     else:
         vis = Visibility(
-            q_len, k_len, is_causal=is_causal, window=window, q_doc=docs[0], k_doc=docs[1], attn_mask=mask4
-        )
+            q_len, k_len, is_causal=is_causal, window=window, q_doc=docs[0], k_doc=docs[1], attn_mask=mask4,
+            doc_offset=_per_doc(document_ids, is_causal, window),
+        )  # fmt: skip
     grad_mask = (
         mask4 is not None and mask4.is_floating_point() and mask4.requires_grad and torch.is_grad_enabled()
     )
     canon = _Canon(q, k, v, vis, mask4 if grad_mask else None, scale, tuple(batch), unbatched)
     return canon, dropout_p
+
+
+def _per_doc(document_ids, causal: bool, window: int | None) -> int | None:
+    """A pair (query ids, key ids) with causal or a window: each document's queries sit bottom-right on
+    its own keys (doc_offset 0). One tensor of ids (the same for queries and keys) needs no offset: every
+    document then has as many queries as keys at the same place, and both alignments agree."""
+    pair = isinstance(document_ids, tuple | list)
+    return 0 if pair and (causal or window is not None) else None
 
 
 def _doc_b(ids: torch.Tensor | None, lead: tuple[int, ...]) -> torch.Tensor | None:
@@ -216,7 +228,8 @@ def tiled_attention(
     block_k: int | None = None,
     dropout_seed: int | None = None,
     kernel: str | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact attention in O(T) memory: softmax(Q Kᵀ·scale + mask) V, planned by blocks, with autograd.
 
     Same arguments, shapes, semantics and errors as :func:`selfattention.scaled_dot_product_attention`
@@ -237,7 +250,16 @@ def tiled_attention(
 
         document_ids: integer ids (..., T) when Tq == Tk, or a pair ``(query_ids (..., Tq),
             key_ids (..., Tk))``: a query sees only keys with the same id (packed documents). Leading
-            dims broadcast against the batch dims without the heads. Ids [0, 0, 1]::
+            dims broadcast against the batch dims without the heads. With a pair, ``is_causal`` and
+            ``window`` are aligned **per document**: a document's queries sit bottom-right on its own
+            keys (chunked prefill in a packed batch: 1 query after 2 keys of doc 0, 2 after 1 of doc 1)::
+
+                q ids [0, 1, 1], k ids [0, 0, 0, 1, 1, 1], causal
+                1 1 1 0 0 0
+                0 0 0 1 1 0
+                0 0 0 1 1 1
+
+            Ids [0, 0, 1]::
 
                 1 1 0
                 1 1 0
@@ -250,10 +272,14 @@ def tiled_attention(
             None); the backward regenerates each tile's mask instead of storing it.
         kernel: ``None`` (the fused vendor kernel whenever it can serve the problem, else the exact
             kernel), ``"vendor"`` (raise ``ValueError`` with the reason if it cannot) or ``"exact"``.
+        return_lse: also return the log-sum-exp of each query row (see Returns).
 
     Returns:
         (..., H, Tq, Dv) in the dtype of ``query``; statistics in float32 at least (bfloat16/float16 on
-        CPU are computed in float32).
+        CPU are computed in float32). With ``return_lse=True``, ``(out, lse)``: lse (..., H, Tq), the
+        natural log of Σ_j exp(score_ij) over the keys the row sees (scaled scores plus a float mask,
+        before dropout), float32 at least, ``-inf`` for a row that sees nothing; differentiable (the
+        engine's backward takes its gradient); merge states with :func:`selfattention.merge_states`.
 
     Gradients flow to query, key, value and a float ``attn_mask`` that requires grad (a learned bias
     such as ALiBi/T5: its gradient is dS summed over its broadcast dims). The backward keeps only the
@@ -269,7 +295,12 @@ def tiled_attention(
     tensor([[1.3395, 0.6605],
             [0.6605, 1.3395]])
     """
+    check_bool("return_lse", return_lse)
     if symbolic():  # torch.compile / export / vmap / jit.trace: one registered op (selfattention.ops)
+        if return_lse:
+            raise NotImplementedError(
+                "return_lse=True under torch.compile/export/vmap/trace is not supported yet: call it eagerly"
+            )
         extra = {"window": window, "document_ids": document_ids, "block_q": block_q, "block_k": block_k,
                  "dropout_seed": dropout_seed, "kernel": kernel}  # fmt: skip
         given = [name for name, x in extra.items() if x is not None]
@@ -291,7 +322,12 @@ def tiled_attention(
     tq, dv = c.vis.q_len, c.v.shape[-1]
     if tq == 0 or c.vis.k_len == 0 or c.q.shape[0] == 0 or c.q.shape[1] == 0:
         out = empty_context(query, key, value, (*c.batch, tq, dv))
-        return out.reshape(tq, dv) if c.unbatched else out
+        out = out.reshape(tq, dv) if c.unbatched else out
+        if not return_lse:
+            return out
+        acc = torch.promote_types(query.dtype, torch.float32)
+        lse = torch.full(out.shape[:-1], -math.inf, dtype=acc, device=query.device)
+        return out, lse
     defer = _no_autograd(c)
     # Validation has run; a plain call (no mask, documents, dropout or autograd, kernel chosen by the
     # engine) reuses the plan made for the same validated shapes and options
@@ -308,8 +344,11 @@ def tiled_attention(
                 if len(_PLANS) >= _PLANS_MAX:
                     _PLANS.pop(next(iter(_PLANS)), None)  # the oldest
                 _PLANS[key_] = prob
-    out, _ = engine.attention(c.q, c.k, c.v, prob, c.mask)
-    return _shape_out(c, out, (tq, dv))
+    out, lse = engine.attention(c.q, c.k, c.v, prob, c.mask)
+    out = _shape_out(c, out, (tq, dv))
+    if not return_lse:
+        return out
+    return out, _shape_out(c, lse, (tq,))
 
 
 #: Problems of plain calls, by :func:`_plan_key` of their *validated* arguments (a model runs the same
@@ -488,6 +527,9 @@ def computed_fraction(
     if q_doc is not None:
         q_doc, k_doc = q_doc.reshape(-1, q_len)[:1], k_doc.reshape(-1, k_len)[:1]
     bq, bk = _blocks(block_q, block_k)
-    vis = Visibility(q_len, k_len, is_causal=is_causal, window=window, q_doc=q_doc, k_doc=k_doc)
+    vis = Visibility(
+        q_len, k_len, is_causal=is_causal, window=window, q_doc=q_doc, k_doc=k_doc,
+        doc_offset=_per_doc(document_ids, is_causal, window) if q_doc is not None else None,
+    )  # fmt: skip
     plan = make_plan(vis, bq, bk)
     return plan.entries() / max(1, q_len * k_len)
