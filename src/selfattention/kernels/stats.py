@@ -132,7 +132,11 @@ def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
             if bias5 is not None:
                 rs = slice(i0, i1) if bias5.shape[-2] != 1 else slice(None)
                 cs_ = slice(j0, j1) if bias5.shape[-1] != 1 else slice(None)
-                s.view(bq_, hk, g, r, w).add_(bias5[..., rs, cs_])  # −inf hides
+                blk = bias5[..., rs, cs_]
+                s5 = s.view(bq_, hk, g, r, w)
+                s5.add_(blk)
+                # −inf hides the key even where its score is NaN/inf (NaN + −inf = NaN): a select, not a sum
+                s5.masked_fill_(blk == -math.inf, -math.inf)
                 masked = True
             if call.causal and j1 > i0:  # the tile crosses the diagonal
                 hide = (
