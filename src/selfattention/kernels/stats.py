@@ -1,13 +1,27 @@
-"""Statistics of the attention weights without the n × n matrix: one sweep over the engine's block plan.
+"""Statistics of the attention weights without the n × n matrix, from the engine's block plan.
 
-Given the final log-sum-exp ℓ of every query row (from the kernel's forward), the weights of a tile are
-α = exp(S − ℓ) exactly, so a second sweep over the same calls (skipped blocks stay skipped) gives:
+Given the final log-sum-exp ℓ of every query row, the weights are α = exp(S − ℓ) exactly, and:
 
-* entropy  H_i = −Σ_j α_ij log α_ij = ℓ_i − Σ_j α_ij s_ij (nats),
-* the top-k keys of every query (the largest scores are the largest weights) and their weights,
-* column sums Σ_i α_ij: the attention each key receives.
+* entropy  H_i = −Σ_j α_ij log α_ij = ℓ_i − Σ_j α_ij s_ij (nats);
+* the top-k keys of every query (the largest scores are the largest weights) and their weights;
+* column sums c_j = Σ_i α_ij: the attention each key receives.
 
-The scores are recomputed with torch ops, tile by tile (:func:`selfattention.kernels.exact.scores_tile`).
+Two routes (:func:`compute` picks one):
+
+* **on the vendor kernel** (fused calls, no score tile in torch ops) when the kernel is the vendor's and
+  the visibility only hides keys (no float mask values): the entropy's Σ_j α_ij s_ij with 0/−inf biases
+  is scale · q_i · Σ_j α_ij k_j, so the keys ride along as extra value columns of the output's own call
+  (values [v | k]); a key's column sum c_j = Σ_i exp(s_ij − ℓ_i) is exp of the log-sum-exp of the
+  transposed problem — keys as queries, queries as keys, each call's tile transposed (a causal call
+  reversed: flipping both sides turns "row ≥ column" into the kernel's causal rule) — with −ℓ_i folded in
+  as one more dimension: queries [k_j, 1], keys [scale · q_i, −ℓ_i], scale 1. Only top-k needs the
+  scores, tile by tile (a row-max pass for k = 1).
+* **one sweep of score tiles** (torch ops) otherwise: float masks (Σ α b is not a kernel output), inputs
+  holding NaN/inf (the exact kernel's NaN-safe rules), low-precision compute dtypes.
+
+Sources: the identities above are the log-sum-exp algebra of FlashAttention (Dao 2023); the entropy of
+attention weights as in Zhai et al. 2023 ("Stabilizing Transformer Training by Preventing Attention
+Entropy Collapse").
 """
 
 from __future__ import annotations
@@ -17,10 +31,15 @@ from dataclasses import dataclass
 
 import torch
 
-from . import exact
+from . import exact, vendor
 from .engine import Problem, _call_views, _fold, _stack_rows, _tile, _unstack
+from .engine import forward as engine_forward
 
-__all__ = ["AttentionStats", "sweep"]
+__all__ = ["AttentionStats", "compute", "sweep"]
+
+# stands in for −inf where it enters a fused kernel's matmul or mask (−inf · 0 and −inf − −inf are NaN):
+# exp of it is exactly 0 in float32 and float64, and adding a score changes nothing
+_HIDE = -1e30
 
 
 @dataclass
@@ -48,16 +67,84 @@ class AttentionStats:
     column_sums: torch.Tensor | None
 
 
+def compute(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    prob: Problem,
+    top_k: int,
+    columns: bool,
+    acc: torch.dtype,
+) -> tuple[torch.Tensor, ...]:
+    """(out (B, H, Tq, Dv) compute dtype, lse, entropy (B, H, Tq), top weights, top indices (B, H, Tq, k),
+    column sums (B, H, Tk) or None), the statistics in ``acc``, for canonical contiguous q (B, H, Tq, D),
+    k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) in the problem's compute dtype."""
+    mask = prob.vis.attn_mask
+    fused = prob.kernel == "vendor" and prob.compute == acc and (mask is None or mask.dtype == torch.bool)
+    if not fused:
+        out, lse = engine_forward(q, k, v, prob)
+        ent, tw, ti, cs = sweep(q.to(acc), k.to(acc), lse.to(acc), prob, top_k, columns)
+        return out, lse.to(acc), ent, tw, ti, cs
+    dv = v.shape[-1]
+    both, lse = engine_forward(q, k, torch.cat([v, k], dim=-1), prob)  # one call: [Σ α v | Σ α k]
+    out, pooled = both[..., :dv], both[..., dv:]
+    lse = lse.to(acc)
+    blind = lse == -math.inf
+    mean_score = prob.scale * torch.linalg.vecdot(q, pooled)  # Σ_j α_ij s_ij
+    ent = torch.where(blind, 0.0, lse - mean_score).clamp_min(0.0)
+    cs = column_sums(q, k, lse, prob) if columns else None
+    _, tw, ti, _ = sweep(q, k, lse, prob, top_k, False, sums=False)
+    return out, lse, ent, tw, ti, cs
+
+
+def column_sums(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, prob: Problem) -> torch.Tensor:
+    """c_j = Σ_i exp(s_ij − ℓ_i) (B, H, Tk) on the vendor kernel: the log-sum-exp of the transposed
+    problem with −ℓ folded in as one more dimension (see the module docstring)."""
+    b, h, tq, _ = q.shape
+    hkv, tk = k.shape[1], k.shape[2]
+    neg = torch.where(lse == -math.inf, _HIDE, -lse).to(q.dtype)  # a blind row hides itself
+    keys = torch.cat([q * prob.scale, neg[..., None]], dim=-1)  # (B, H, Tq, D + 1)
+    queries = torch.cat([k, k.new_ones((b, hkv, tk, 1))], dim=-1)  # (B, Hkv, Tk, D + 1)
+    cols = q.new_zeros((b, h, tk, 1))
+    for call in prob.plan.calls:
+        bias = _tile(prob, call, q.device)
+        if bias is not None:
+            bias = bias.transpose(-1, -2).clamp_min(_HIDE)  # (…, cols, rows); a key seeing no row: lse −1e30
+            if call.causal:  # reversed on both sides: "row ≥ column" becomes the kernel's causal rule
+                bias = bias.flip(-1, -2)
+            bias = bias.contiguous()
+        for kv_rows, q_cols, _, heads in _call_views(call, keys, queries, queries[..., :0]):
+            g = kv_rows.shape[1] // q_cols.shape[1]
+            qt = q_cols.repeat_interleave(g, dim=1) if g > 1 else q_cols  # one problem per query head
+            kt = kv_rows
+            if call.causal:
+                qt, kt = qt.flip(-2), kt.flip(-2)
+            _, l = vendor.forward(qt, kt, kt, bias, call.causal, 1.0)
+            if call.causal:
+                l = l.flip(-1)
+            _fold(call, torch.exp(l.to(q.dtype)).unsqueeze(-1), b, cols[:, heads])
+    return cols.squeeze(-1)
+
+
 def sweep(
-    q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, prob: Problem, top_k: int, columns: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    lse: torch.Tensor,
+    prob: Problem,
+    top_k: int,
+    columns: bool,
+    *,
+    sums: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(entropy (B, H, Tq), top weights (B, H, Tq, k), top indices (B, H, Tq, k), column sums (B, H, Tk))
-    for canonical q (B, H, Tq, D), k (B, Hkv, Tk, D) in the compute dtype and the final ``lse``."""
+    for canonical q (B, H, Tq, D), k (B, Hkv, Tk, D) in the compute dtype and the final ``lse``, from
+    score tiles. ``sums=False``: top-k only (the entropy comes back as zeros, no column sums)."""
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     ent = q.new_zeros((b, h, tq))  # −Σ α log α
     vals = q.new_full((b, h, tq, top_k), -math.inf)  # log α of the best keys so far
     idx = torch.full((b, h, tq, top_k), -1, dtype=torch.int64, device=q.device)
+    columns = columns and sums
     cols = q.new_zeros((b, h, tk, 1)) if columns else None
     # log α = s − ℓ; a row that sees nothing gets ℓ = +inf, so α = 0 everywhere
     neg_lse = torch.where(
@@ -70,7 +157,7 @@ def sweep(
         rows = slice(call.r0, call.r1)
         for qv, kv, _, heads in _call_views(call, qs, k, k[..., :0]):
             (nl,) = _stack_rows(call, neg_lse[:, heads, rows])
-            e, tv, ti, cs = _sweep_view(qv, kv, nl, bias, call, top_k, columns, blind)
+            e, tv, ti, cs = _sweep_view(qv, kv, nl, bias, call, top_k, columns, blind, sums)
             ent[:, heads, rows] += _unstack(call, e, b)
             merged_v = torch.cat([vals[:, heads, rows], _unstack(call, tv, b)], dim=-1)
             merged_i = torch.cat([idx[:, heads, rows], _unstack(call, ti, b)], dim=-1)
@@ -100,7 +187,7 @@ def _tile_topk(s: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return s.topk(k, dim=-1)
 
 
-def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
+def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool, sums: bool = True):
     """Statistics of one kernel view: q (B', Hq, R, D) already scaled, k (B', Hk, C, D), −ℓ (B', Hq, R).
     Returns per-row −Σ α log α, top log α and their key positions, and per-head column sums Σ α."""
     bq_, hq, rows, d = qv.shape
@@ -111,7 +198,7 @@ def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
     kt = kv.reshape(n, ncols, d).transpose(1, 2)  # (N, D, C)
     nl5 = nl.unflatten(1, (hk, g))  # (B', Hk, G, R)
     bias5 = exact._bias5(bias, hk, g)
-    finite = bool(torch.isfinite(qv.sum())) and bool(torch.isfinite(kv.sum()))
+    finite = not sums or (bool(torch.isfinite(qv.sum())) and bool(torch.isfinite(kv.sum())))
     ent = qv.new_zeros((n, g, rows))
     tv = qv.new_empty((n, g, rows, top_k))
     ti = torch.empty((n, g, rows, top_k), dtype=torch.int64, device=qv.device)
@@ -148,6 +235,8 @@ def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
             v_, i_ = _tile_topk(s, min(top_k, w))
             cand_v.append(v_)
             cand_i.append(i_ + j0)
+            if not sums:
+                continue
             if finite:
                 # exp of a score far below the row's log-sum-exp is a denormal (60× slower on x86) or,
                 # for −inf, a slow special case: floor at −87 (exp ≈ 1.6e-38), then make those exactly 0
