@@ -186,3 +186,23 @@ def test_stats_without_column_sums_or_top_k():
     ref = _oracle_stats(q, k, v, vis, 2)
     _, st = tiled_attention_with_stats(q, k, v, is_causal=True, top_k=2, column_sums=False)
     assert st.column_sums is None and torch.allclose(st.entropy, ref[2], atol=1e-10)
+
+
+@pytest.mark.parametrize("kw", [{"is_causal": True}, {}, {"window": 333}])
+@pytest.mark.parametrize("top_k", [1, 4, 9])
+def test_stats_float64_wide_tiles_match_float64(kw, top_k):
+    """Default blocks, tiles wide enough for the grouped top-k (widths not multiples of 16)."""
+    q, k, v = _qkv(1, 2, 2, 1100, 1100, 24, 8, seed=10)
+    q = q * 3  # peaked weights: a few keys dominate
+    out, st = tiled_attention_with_stats(q, k, v, top_k=top_k, **kw)
+    vis = _vis_of(1100, 1100, kw)
+    s = (q @ k.transpose(-1, -2) / math.sqrt(24)).masked_fill(~vis, -math.inf)
+    lse = torch.logsumexp(s, -1)
+    w = torch.exp(s - lse[..., None])
+    ent = -(w * torch.where(w > 0, s - lse[..., None], 0.0)).sum(-1)
+    tw, ti = w.topk(top_k, -1)
+    ti = ti.masked_fill(tw == 0, -1)
+    assert torch.allclose(out, w @ v, atol=1e-10, rtol=0)
+    assert torch.allclose(st.entropy, ent, atol=1e-10, rtol=0)
+    assert torch.allclose(st.column_sums, w.sum(-2), atol=1e-10, rtol=0)
+    assert torch.allclose(st.topk_weights, tw, atol=1e-12, rtol=0) and torch.equal(st.topk_indices, ti)
