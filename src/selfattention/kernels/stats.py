@@ -1,27 +1,23 @@
-"""Statistics of the attention weights without the n × n matrix, from the engine's block plan.
+"""Statistics of the attention weights without the n × n matrix: one sweep over the engine's block plan.
 
-Given the final log-sum-exp ℓ of every query row, the weights are α = exp(S − ℓ) exactly, and:
+Given the final log-sum-exp ℓ of every query row (from the kernel's forward), the weights of a tile are
+α = exp(S − ℓ) exactly, so a second sweep over the same calls (skipped blocks stay skipped) gives:
 
-* entropy  H_i = −Σ_j α_ij log α_ij = ℓ_i − Σ_j α_ij s_ij (nats);
-* the top-k keys of every query (the largest scores are the largest weights) and their weights;
-* column sums c_j = Σ_i α_ij: the attention each key receives.
+* entropy  H_i = −Σ_j α_ij log α_ij = ℓ_i − Σ_j α_ij s_ij (nats),
+* the top-k keys of every query (the largest scores are the largest weights) and their weights,
+* column sums Σ_i α_ij: the attention each key receives.
 
-Two routes (:func:`compute` picks one):
+The scores are recomputed with torch ops, tile by tile; the row tiles are independent jobs on
+single-threaded workers (:mod:`selfattention.kernels.pool`), so that a core busy with another process
+delays one job rather than every op. A hidden key never reaches a statistic, even if it holds NaN/inf
+(the bias is applied as a select, as in :func:`selfattention.kernels.exact.scores_tile`).
 
-* **on the vendor kernel** (fused calls, no score tile in torch ops) when the kernel is the vendor's and
-  the visibility only hides keys (no float mask values): the entropy's Σ_j α_ij s_ij with 0/−inf biases
-  is scale · q_i · Σ_j α_ij k_j, so the keys ride along as extra value columns of the output's own call
-  (values [v | k]); a key's column sum c_j = Σ_i exp(s_ij − ℓ_i) is exp of the log-sum-exp of the
-  transposed problem — keys as queries, queries as keys, each call's tile transposed (a causal call
-  reversed: flipping both sides turns "row ≥ column" into the kernel's causal rule) — with −ℓ_i folded in
-  as one more dimension: queries [k_j, 1], keys [scale · q_i, −ℓ_i], scale 1. Only top-k needs the
-  scores, tile by tile (a row-max pass for k = 1).
-* **one sweep of score tiles** (torch ops) otherwise: float masks (Σ α b is not a kernel output), inputs
-  holding NaN/inf (the exact kernel's NaN-safe rules), low-precision compute dtypes.
-
-Sources: the identities above are the log-sum-exp algebra of FlashAttention (Dao 2023); the entropy of
-attention weights as in Zhai et al. 2023 ("Stabilizing Transformer Training by Preventing Attention
-Entropy Collapse").
+Why not on the vendor kernel: Σ_j α_ij s_ij = scale · q_i · Σ_j α_ij k_j (the keys as extra value columns
+of the output's call) and c_j = exp of the log-sum-exp of the transposed problem with −ℓ folded in as one
+more dimension are both exact, but measured at T = 4096 (causal, H = 8, D = 64, against SDPA's causal
+forward, same process) they cost 2.04× (the output's call with values [v | k]: the fused CPU kernel wants
+one head size, so q and k are padded to 128) and 1.32× — more than the whole sweep here (1.06× with
+top-4, entropy and column sums), which top-k needs anyway. See docs/performance.md.
 """
 
 from __future__ import annotations
@@ -31,15 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from . import exact, vendor
+from . import exact, pool
 from .engine import Problem, _call_views, _fold, _stack_rows, _tile, _unstack
 from .engine import forward as engine_forward
 
 __all__ = ["AttentionStats", "compute", "sweep"]
-
-# stands in for −inf where it enters a fused kernel's matmul or mask (−inf · 0 and −inf − −inf are NaN):
-# exp of it is exactly 0 in float32 and float64, and adding a score changes nothing
-_HIDE = -1e30
 
 
 @dataclass
@@ -78,52 +70,11 @@ def compute(
 ) -> tuple[torch.Tensor, ...]:
     """(out (B, H, Tq, Dv) compute dtype, lse, entropy (B, H, Tq), top weights, top indices (B, H, Tq, k),
     column sums (B, H, Tk) or None), the statistics in ``acc``, for canonical contiguous q (B, H, Tq, D),
-    k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) in the problem's compute dtype."""
-    mask = prob.vis.attn_mask
-    fused = prob.kernel == "vendor" and prob.compute == acc and (mask is None or mask.dtype == torch.bool)
-    if not fused:
-        out, lse = engine_forward(q, k, v, prob)
-        ent, tw, ti, cs = sweep(q.to(acc), k.to(acc), lse.to(acc), prob, top_k, columns)
-        return out, lse.to(acc), ent, tw, ti, cs
-    dv = v.shape[-1]
-    both, lse = engine_forward(q, k, torch.cat([v, k], dim=-1), prob)  # one call: [Σ α v | Σ α k]
-    out, pooled = both[..., :dv], both[..., dv:]
-    lse = lse.to(acc)
-    blind = lse == -math.inf
-    mean_score = prob.scale * torch.linalg.vecdot(q, pooled)  # Σ_j α_ij s_ij
-    ent = torch.where(blind, 0.0, lse - mean_score).clamp_min(0.0)
-    cs = column_sums(q, k, lse, prob) if columns else None
-    _, tw, ti, _ = sweep(q, k, lse, prob, top_k, False, sums=False)
-    return out, lse, ent, tw, ti, cs
-
-
-def column_sums(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, prob: Problem) -> torch.Tensor:
-    """c_j = Σ_i exp(s_ij − ℓ_i) (B, H, Tk) on the vendor kernel: the log-sum-exp of the transposed
-    problem with −ℓ folded in as one more dimension (see the module docstring)."""
-    b, h, tq, _ = q.shape
-    hkv, tk = k.shape[1], k.shape[2]
-    neg = torch.where(lse == -math.inf, _HIDE, -lse).to(q.dtype)  # a blind row hides itself
-    keys = torch.cat([q * prob.scale, neg[..., None]], dim=-1)  # (B, H, Tq, D + 1)
-    queries = torch.cat([k, k.new_ones((b, hkv, tk, 1))], dim=-1)  # (B, Hkv, Tk, D + 1)
-    cols = q.new_zeros((b, h, tk, 1))
-    for call in prob.plan.calls:
-        bias = _tile(prob, call, q.device)
-        if bias is not None:
-            bias = bias.transpose(-1, -2).clamp_min(_HIDE)  # (…, cols, rows); a key seeing no row: lse −1e30
-            if call.causal:  # reversed on both sides: "row ≥ column" becomes the kernel's causal rule
-                bias = bias.flip(-1, -2)
-            bias = bias.contiguous()
-        for kv_rows, q_cols, _, heads in _call_views(call, keys, queries, queries[..., :0]):
-            g = kv_rows.shape[1] // q_cols.shape[1]
-            qt = q_cols.repeat_interleave(g, dim=1) if g > 1 else q_cols  # one problem per query head
-            kt = kv_rows
-            if call.causal:
-                qt, kt = qt.flip(-2), kt.flip(-2)
-            _, l = vendor.forward(qt, kt, kt, bias, call.causal, 1.0)
-            if call.causal:
-                l = l.flip(-1)
-            _fold(call, torch.exp(l.to(q.dtype)).unsqueeze(-1), b, cols[:, heads])
-    return cols.squeeze(-1)
+    k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) in the problem's compute dtype: the engine's forward, then
+    :func:`sweep`."""
+    out, lse = engine_forward(q, k, v, prob)
+    ent, tw, ti, cs = sweep(q.to(acc), k.to(acc), lse.to(acc), prob, top_k, columns)
+    return out, lse.to(acc), ent, tw, ti, cs
 
 
 def sweep(
@@ -133,18 +84,15 @@ def sweep(
     prob: Problem,
     top_k: int,
     columns: bool,
-    *,
-    sums: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(entropy (B, H, Tq), top weights (B, H, Tq, k), top indices (B, H, Tq, k), column sums (B, H, Tk))
     for canonical q (B, H, Tq, D), k (B, Hkv, Tk, D) in the compute dtype and the final ``lse``, from
-    score tiles. ``sums=False``: top-k only (the entropy comes back as zeros, no column sums)."""
+    score tiles."""
     b, h, tq, _ = q.shape
     tk = k.shape[2]
     ent = q.new_zeros((b, h, tq))  # −Σ α log α
     vals = q.new_full((b, h, tq, top_k), -math.inf)  # log α of the best keys so far
     idx = torch.full((b, h, tq, top_k), -1, dtype=torch.int64, device=q.device)
-    columns = columns and sums
     cols = q.new_zeros((b, h, tk, 1)) if columns else None
     # log α = s − ℓ; a row that sees nothing gets ℓ = +inf, so α = 0 everywhere
     neg_lse = torch.where(
@@ -157,7 +105,7 @@ def sweep(
         rows = slice(call.r0, call.r1)
         for qv, kv, _, heads in _call_views(call, qs, k, k[..., :0]):
             (nl,) = _stack_rows(call, neg_lse[:, heads, rows])
-            e, tv, ti, cs = _sweep_view(qv, kv, nl, bias, call, top_k, columns, blind, sums)
+            e, tv, ti, cs = _sweep_view(qv, kv, nl, bias, call, top_k, columns, blind)
             ent[:, heads, rows] += _unstack(call, e, b)
             merged_v = torch.cat([vals[:, heads, rows], _unstack(call, tv, b)], dim=-1)
             merged_i = torch.cat([idx[:, heads, rows], _unstack(call, ti, b)], dim=-1)
@@ -202,18 +150,17 @@ def _tile_topk(s: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return v, cand.gather(-1, pick)
 
 
-def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool, sums: bool = True):
+def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
     """Statistics of one kernel view: q (B', Hq, R, D) already scaled, k (B', Hk, C, D), −ℓ (B', Hq, R).
-    Returns per-row −Σ α log α, top log α and their key positions, and per-head column sums Σ α."""
+    Returns per-row −Σ α log α, top log α and their key positions, and per-head column sums Σ α.
+
+    The row tiles are independent jobs (each writes its own rows; column sums come back per job and are
+    added here), run by :func:`selfattention.kernels.pool.run` on one thread each."""
     bq_, hq, rows, d = qv.shape
     hk, ncols = kv.shape[1], kv.shape[2]
     g = hq // hk
     n = bq_ * hk
-    q5 = qv.unflatten(1, (hk, g))  # (B', Hk, G, R, D)
-    kt = kv.reshape(n, ncols, d).transpose(1, 2)  # (N, D, C)
-    nl5 = nl.unflatten(1, (hk, g))  # (B', Hk, G, R)
-    bias5 = exact._bias5(bias, hk, g)
-    finite = not sums or (bool(torch.isfinite(qv.sum())) and bool(torch.isfinite(kv.sum())))
+    finite = bool(torch.isfinite(qv.sum())) and bool(torch.isfinite(kv.sum()))
     ent = qv.new_zeros((n, g, rows))
     tv = qv.new_empty((n, g, rows, top_k))
     ti = torch.empty((n, g, rows, top_k), dtype=torch.int64, device=qv.device)
@@ -222,63 +169,110 @@ def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool, 
     base = torch.full((n, 1, 1), call.c0, dtype=torch.int64, device=qv.device)
     if call.count > 1:
         base = (call.c0 + call.step * torch.arange(call.count, device=qv.device)).repeat(bq_).view(n, 1, 1)
-    for i0, i1, chunks in exact.tiles(rows, ncols, call.causal, _ROWS, _COLS):
-        r = i1 - i0
-        qb = q5[..., i0:i1, :].reshape(n, g * r, d)
-        nlb = nl5[..., i0:i1].reshape(n, g * r, 1)
-        cand_v, cand_i = [], []
-        for j0, j1 in chunks:
-            w = j1 - j0
-            s = torch.baddbmm(nlb, qb, kt[:, :, j0:j1])  # log α = s − ℓ, (N, G·r, w)
-            masked = blind
-            if bias5 is not None:
-                rs = slice(i0, i1) if bias5.shape[-2] != 1 else slice(None)
-                cs_ = slice(j0, j1) if bias5.shape[-1] != 1 else slice(None)
-                blk = bias5[..., rs, cs_]
-                s5 = s.view(bq_, hk, g, r, w)
-                s5.add_(blk)
-                # −inf hides the key even where its score is NaN/inf (NaN + −inf = NaN): a select, not a sum
-                s5.masked_fill_(blk == -math.inf, -math.inf)
-                masked = True
-            if call.causal and j1 > i0:  # the tile crosses the diagonal
-                hide = (
-                    torch.arange(j0, j1, device=s.device)[None, :]
-                    > torch.arange(i0, i1, device=s.device)[:, None]
-                )
-                s.view(n, g, r, w).masked_fill_(hide, -math.inf)
-                masked = True
-            v_, i_ = _tile_topk(s, min(top_k, w))
-            cand_v.append(v_)
-            cand_i.append(i_ + j0)
-            if not sums:
-                continue
-            if finite:
-                # exp of a score far below the row's log-sum-exp is a denormal (60× slower on x86) or,
-                # for −inf, a slow special case: floor at −87 (exp ≈ 1.6e-38), then make those exactly 0
-                s.clamp_min_(-87.0)
-                p = torch.exp(s)
-                torch.nn.functional.threshold_(p, 1.7e-38, 0.0)
-            else:
-                p = torch.exp(s)
-                if masked:
-                    s.nan_to_num_(nan=0.0, neginf=0.0)  # α log α = 0 where α = 0
-            ent[:, :, i0:i1] -= (p * s).sum(-1).view(n, g, r)
-            if cs is not None:
-                cs[:, :, j0:j1] += p.view(n, g, r, w).sum(2)
-        if not chunks:
-            tv[:, :, i0:i1], ti[:, :, i0:i1] = -math.inf, -1
-            continue
-        mv, mi = torch.cat(cand_v, dim=-1), torch.cat(cand_i, dim=-1)
-        if mv.shape[-1] < top_k:  # fewer keys than k in this view
-            pad = top_k - mv.shape[-1]
-            mv = torch.cat([mv, mv.new_full((*mv.shape[:-1], pad), -math.inf)], dim=-1)
-            mi = torch.cat([mi, mi.new_full((*mi.shape[:-1], pad), -1)], dim=-1)
-        best, pick = mv.topk(top_k, dim=-1)
-        tv[:, :, i0:i1] = best.view(n, g, r, top_k)
-        ti[:, :, i0:i1] = (mi.gather(-1, pick) + base).view(n, g, r, top_k)
+    view = _View(
+        q5=qv.unflatten(1, (hk, g)),  # (B', Hk, G, R, D)
+        kt=kv.reshape(n, ncols, d).transpose(1, 2),  # (N, D, C)
+        nl5=nl.unflatten(1, (hk, g)),  # (B', Hk, G, R)
+        bias5=exact._bias5(bias, hk, g),
+        causal=call.causal,
+        top_k=top_k,
+        columns=columns,
+        blind=blind,
+        finite=finite,
+        ent=ent,
+        tv=tv,
+        ti=ti,
+        base=base,
+    )
+    jobs = list(exact.tiles(rows, ncols, call.causal, _ROWS, _COLS))
+    jobs.sort(key=lambda job: -len(job[2]))  # the widest rows first: the threads finish together
+    for part in pool.run(lambda job: _row_tile(view, *job), jobs):
+        if cs is not None and part is not None:
+            cs[:, :, : part.shape[-1]] += part
     return (
         ent.reshape(bq_, hq, rows),
         tv.reshape(bq_, hq, rows, top_k),
         ti.reshape(bq_, hq, rows, top_k),
         None if cs is None else cs.reshape(bq_, hq, ncols),
     )
+
+
+@dataclass
+class _View:
+    """What the row-tile jobs of one view share: inputs, flags, and the outputs they write rows of."""
+
+    q5: torch.Tensor
+    kt: torch.Tensor
+    nl5: torch.Tensor
+    bias5: torch.Tensor | None
+    causal: bool
+    top_k: int
+    columns: bool
+    blind: bool
+    finite: bool
+    ent: torch.Tensor
+    tv: torch.Tensor
+    ti: torch.Tensor
+    base: torch.Tensor
+
+
+def _row_tile(vw: _View, i0: int, i1: int, chunks: list[tuple[int, int]]) -> torch.Tensor | None:
+    """Rows [i0, i1) of a view over their key chunks: writes entropy and top-k of those rows, returns
+    their column sums (N, G, last column) or None."""
+    bq_, hk, g, _, d = vw.q5.shape
+    n, top_k = bq_ * hk, vw.top_k
+    r = i1 - i0
+    if not chunks:
+        vw.tv[:, :, i0:i1], vw.ti[:, :, i0:i1] = -math.inf, -1
+        return None
+    qb = vw.q5[..., i0:i1, :].reshape(n, g * r, d)
+    nlb = vw.nl5[..., i0:i1].reshape(n, g * r, 1)
+    cs = vw.q5.new_zeros((n, g, chunks[-1][1])) if vw.columns else None
+    ent = vw.ent[:, :, i0:i1]
+    cand_v, cand_i = [], []
+    for j0, j1 in chunks:
+        w = j1 - j0
+        s = torch.baddbmm(nlb, qb, vw.kt[:, :, j0:j1])  # log α = s − ℓ, (N, G·r, w)
+        masked = vw.blind
+        if vw.bias5 is not None:
+            rs = slice(i0, i1) if vw.bias5.shape[-2] != 1 else slice(None)
+            cs_ = slice(j0, j1) if vw.bias5.shape[-1] != 1 else slice(None)
+            blk = vw.bias5[..., rs, cs_]
+            s5 = s.view(bq_, hk, g, r, w)
+            s5.add_(blk)
+            # −inf hides the key even where its score is NaN/inf (NaN + −inf = NaN): a select, not a sum
+            s5.masked_fill_(blk == -math.inf, -math.inf)
+            masked = True
+        if vw.causal and j1 > i0:  # the tile crosses the diagonal
+            hide = (
+                torch.arange(j0, j1, device=s.device)[None, :]
+                > torch.arange(i0, i1, device=s.device)[:, None]
+            )
+            s.view(n, g, r, w).masked_fill_(hide, -math.inf)
+            masked = True
+        v_, i_ = _tile_topk(s, min(top_k, w))
+        cand_v.append(v_)
+        cand_i.append(i_ + j0)
+        if vw.finite:
+            # exp of a score far below the row's log-sum-exp is a denormal (60× slower on x86) or,
+            # for −inf, a slow special case: floor at −87 (exp ≈ 1.6e-38), then make those exactly 0
+            s.clamp_min_(-87.0)
+            p = torch.exp(s)
+            if masked:
+                torch.nn.functional.threshold_(p, 1.7e-38, 0.0)
+        else:
+            p = torch.exp(s)
+            if masked:
+                s.nan_to_num_(nan=0.0, neginf=0.0)  # α log α = 0 where α = 0
+        if cs is not None:
+            cs[:, :, j0:j1] += p.view(n, g, r, w).sum(2)
+        ent -= torch.linalg.vecdot(p, s).view(n, g, r)
+    mv, mi = torch.cat(cand_v, dim=-1), torch.cat(cand_i, dim=-1)
+    if mv.shape[-1] < top_k:  # fewer keys than k in this view
+        pad = top_k - mv.shape[-1]
+        mv = torch.cat([mv, mv.new_full((*mv.shape[:-1], pad), -math.inf)], dim=-1)
+        mi = torch.cat([mi, mi.new_full((*mi.shape[:-1], pad), -1)], dim=-1)
+    best, pick = mv.topk(top_k, dim=-1)
+    vw.tv[:, :, i0:i1] = best.view(n, g, r, top_k)
+    vw.ti[:, :, i0:i1] = (mi.gather(-1, pick) + vw.base).view(n, g, r, top_k)
+    return cs
