@@ -36,8 +36,7 @@ from ._validation import broadcast_shapes, check_bool, check_positive_int, parse
 from .functional import empty_context
 from .kernels import engine
 from .kernels.plan import make_plan
-from .kernels.stats import AttentionStats
-from .kernels.stats import compute as stats_compute
+from .kernels.stats import AttentionStats, sweep
 from .visibility import Visibility
 
 __all__ = [
@@ -380,7 +379,9 @@ def tiled_attention_with_stats(
         prob = engine.make_problem(c.q, c.k, c.v, c.vis, c.scale, kernel=kernel, block_q=bq, block_k=bk)
         with torch.no_grad():
             q, k, v = (t.to(prob.compute).contiguous() for t in (c.q, c.k, c.v))
-            out4, lse, ent, tw, ti, cs = stats_compute(q, k, v, prob, top_k, column_sums, acc)
+            out4, lse = engine.forward(q, k, v, prob)
+            ent, tw, ti, cs = sweep(q.to(acc), k.to(acc), lse.to(acc), prob, top_k, column_sums)
+            lse = lse.to(acc)
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value, attn_mask)
     )

@@ -29,9 +29,8 @@ import torch
 
 from . import exact, pool
 from .engine import Problem, _call_views, _fold, _stack_rows, _tile, _unstack
-from .engine import forward as engine_forward
 
-__all__ = ["AttentionStats", "compute", "sweep"]
+__all__ = ["AttentionStats", "sweep"]
 
 
 @dataclass
@@ -57,24 +56,6 @@ class AttentionStats:
     topk_indices: torch.Tensor
     topk_weights: torch.Tensor
     column_sums: torch.Tensor | None
-
-
-def compute(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    prob: Problem,
-    top_k: int,
-    columns: bool,
-    acc: torch.dtype,
-) -> tuple[torch.Tensor, ...]:
-    """(out (B, H, Tq, Dv) compute dtype, lse, entropy (B, H, Tq), top weights, top indices (B, H, Tq, k),
-    column sums (B, H, Tk) or None), the statistics in ``acc``, for canonical contiguous q (B, H, Tq, D),
-    k (B, Hkv, Tk, D), v (B, Hkv, Tk, Dv) in the problem's compute dtype: the engine's forward, then
-    :func:`sweep`."""
-    out, lse = engine_forward(q, k, v, prob)
-    ent, tw, ti, cs = sweep(q.to(acc), k.to(acc), lse.to(acc), prob, top_k, columns)
-    return out, lse.to(acc), ent, tw, ti, cs
 
 
 def sweep(
