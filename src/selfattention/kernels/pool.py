@@ -32,6 +32,7 @@ _POOLS: dict[int, ThreadPoolExecutor] = {}
 
 
 def _one_thread(ready: threading.Barrier) -> None:
+    torch.get_num_threads()  # torch sets a new thread's count on its first query: let it happen first
     torch.set_num_threads(1)
     ready.wait()
 
