@@ -42,3 +42,20 @@ def test_one_thread_runs_inline_and_errors_propagate():
 
     with pytest.raises(ValueError, match="job"):
         list(pool.run(bad, range(3)))
+
+
+def test_a_forked_child_gets_its_own_workers():
+    import os
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        list(pool.run(lambda i: i, range(4)))  # the parent's workers exist
+        pid = os.fork()
+        if pid == 0:  # child: must not wait for the parent's (absent) threads
+            ok = list(pool.run(lambda i: i * 2, range(4))) == [0, 2, 4, 6]
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        torch.set_num_threads(before)

@@ -15,6 +15,7 @@ caller's count is restored as torch's default right after the workers start.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +30,16 @@ R = TypeVar("R")
 
 _LOCK = threading.Lock()
 _POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _after_fork() -> None:  # a forked child (a DataLoader worker) has none of the parent's threads
+    global _LOCK
+    _LOCK = threading.Lock()
+    _POOLS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def _one_thread(ready: threading.Barrier) -> None:
