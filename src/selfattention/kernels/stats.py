@@ -23,6 +23,7 @@ top-4, entropy and column sums), which top-k needs anyway. See docs/performance.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -169,7 +170,7 @@ def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
         base = (call.c0 + call.step * torch.arange(call.count, device=qv.device)).repeat(bq_).view(n, 1, 1)
     view = _View(
         q5=qv.unflatten(1, (hk, g)),  # (B', Hk, G, R, D)
-        kt=kv.reshape(n, ncols, d).transpose(1, 2),  # (N, D, C)
+        kt=kv.reshape(n, ncols, d).transpose(1, 2).contiguous(),  # (N, D, C): a plain gemm operand
         nl5=nl.unflatten(1, (hk, g)),  # (B', Hk, G, R)
         bias5=exact._bias5(bias, hk, g),
         causal=call.causal,
@@ -214,6 +215,19 @@ class _View:
     base: torch.Tensor
 
 
+_LOCAL = threading.local()
+
+
+def _scratch(size: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two flat buffers of at least ``size`` elements, kept per thread: a fresh 2 MiB tile per chunk
+    costs page faults on every allocation (large blocks come from mmap), more than the ops on it."""
+    bufs = getattr(_LOCAL, "bufs", None)
+    if bufs is None or bufs[0].numel() < size or bufs[0].dtype != dtype or bufs[0].device != device:
+        bufs = (torch.empty(size, dtype=dtype, device=device), torch.empty(size, dtype=dtype, device=device))
+        _LOCAL.bufs = bufs
+    return bufs
+
+
 def _row_tile(vw: _View, i0: int, i1: int, chunks: list[tuple[int, int]]) -> torch.Tensor | None:
     """Rows [i0, i1) of a view over their key chunks: writes entropy and top-k of those rows, returns
     their column sums (N, G, last column) or None."""
@@ -228,9 +242,12 @@ def _row_tile(vw: _View, i0: int, i1: int, chunks: list[tuple[int, int]]) -> tor
     cs = vw.q5.new_zeros((n, g, chunks[-1][1])) if vw.columns else None
     ent = vw.ent[:, :, i0:i1]
     cand_v, cand_i = [], []
+    size = n * g * r * max(j1 - j0 for j0, j1 in chunks)
+    s_buf, p_buf = _scratch(size, qb.dtype, qb.device)
     for j0, j1 in chunks:
         w = j1 - j0
-        s = torch.baddbmm(nlb, qb, vw.kt[:, :, j0:j1])  # log α = s − ℓ, (N, G·r, w)
+        s = s_buf[: n * g * r * w].view(n, g * r, w)
+        torch.bmm(qb, vw.kt[:, :, j0:j1], out=s).add_(nlb)  # log α = s − ℓ, (N, G·r, w)
         masked = vw.blind
         if vw.bias5 is not None:
             rs = slice(i0, i1) if vw.bias5.shape[-2] != 1 else slice(None)
@@ -255,16 +272,16 @@ def _row_tile(vw: _View, i0: int, i1: int, chunks: list[tuple[int, int]]) -> tor
             # exp of a score far below the row's log-sum-exp is a denormal (60× slower on x86) or,
             # for −inf, a slow special case: floor at −87 (exp ≈ 1.6e-38), then make those exactly 0
             s.clamp_min_(-87.0)
-            p = torch.exp(s)
+            p = torch.exp(s, out=p_buf[: s.numel()].view(s.shape))
             if masked:
                 torch.nn.functional.threshold_(p, 1.7e-38, 0.0)
         else:
-            p = torch.exp(s)
+            p = torch.exp(s, out=p_buf[: s.numel()].view(s.shape))
             if masked:
                 s.nan_to_num_(nan=0.0, neginf=0.0)  # α log α = 0 where α = 0
         if cs is not None:
             cs[:, :, j0:j1] += p.view(n, g, r, w).sum(2)
-        ent -= torch.linalg.vecdot(p, s).view(n, g, r)
+        ent -= p.mul_(s).sum(-1).view(n, g, r)  # p is scratch: α log α in place
     mv, mi = torch.cat(cand_v, dim=-1), torch.cat(cand_i, dim=-1)
     if mv.shape[-1] < top_k:  # fewer keys than k in this view
         pad = top_k - mv.shape[-1]
