@@ -14,10 +14,11 @@ delays one job rather than every op. A hidden key never reaches a statistic, eve
 
 Why not on the vendor kernel: Σ_j α_ij s_ij = scale · q_i · Σ_j α_ij k_j (the keys as extra value columns
 of the output's call) and c_j = exp of the log-sum-exp of the transposed problem with −ℓ folded in as one
-more dimension are both exact, but measured at T = 4096 (causal, H = 8, D = 64, against SDPA's causal
-forward, same process) they cost 2.04× (the output's call with values [v | k]: the fused CPU kernel wants
-one head size, so q and k are padded to 128) and 1.32× — more than the whole sweep here (1.06× with
-top-4, entropy and column sums), which top-k needs anyway. See docs/performance.md.
+more dimension are both exact, but measured at T = 4096 (causal, H = 8, D = 64, same process) they cost
+2.04× SDPA's causal forward (the output's call with values [v | k]: the fused CPU kernel wants one head
+size, so q and k are padded to 128) and 1.32×, while in the sweep that top-k needs anyway they add an
+``exp`` and two sums to each score tile (≈ 25 % of the sweep). See docs/performance.md and
+benchmarks/stats_parts.py.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def sweep(
             ent[:, heads, rows] += _unstack(call, e, b)
             merged_v = torch.cat([vals[:, heads, rows], _unstack(call, tv, b)], dim=-1)
             merged_i = torch.cat([idx[:, heads, rows], _unstack(call, ti, b)], dim=-1)
-            best_v, pick = merged_v.topk(top_k, dim=-1)
+            best_v, pick = _topk(merged_v, top_k)
             vals[:, heads, rows] = best_v
             idx[:, heads, rows] = merged_i.gather(-1, pick)
             if cols is not None:
