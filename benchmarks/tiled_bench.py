@@ -5,6 +5,10 @@ Usage (what the README's table came from):
     .venv/bin/python benchmarks/tiled_bench.py --out benchmarks/results
 
 Same as ``selfattention bench``; any of its options may be passed (``--quick``, ``--sizes``, ...).
+``--contended`` adds a bounded background load (one spinning process on one core, started and killed by
+the benchmark) and prints quiet and contended ratios side by side, e.g.
+
+    .venv/bin/python benchmarks/tiled_bench.py --variants stats,causal --passes fwd --contended
 """
 
 from __future__ import annotations

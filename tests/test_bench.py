@@ -53,3 +53,42 @@ def test_bad_sizes_is_a_usage_error(capsys):
     assert "--sizes" in capsys.readouterr().err
     assert main(["bench", "--variants", "dense,blocks"]) == 2
     assert "--variants" in capsys.readouterr().err
+
+
+def test_bench_contended_reports_both_ratios_and_leaves_no_spinner(tmp_path):
+    code = main(
+        ["bench", "--quick", "--sizes", "64", "--variants", "causal,stats", "--passes", "fwd",
+         "--repeats", "1", "--contended", "--out", str(tmp_path)]
+    )  # fmt: skip
+    assert code == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    tiled = [r for r in result["rows"] if r["impl"] == "tiled"]
+    assert {r["variant"] for r in tiled} == {"causal", "stats"}
+    for r in tiled:
+        assert r["median_s_contended"] > 0 and r["ratio_vs_sdpa_contended"] > 0
+        assert abs(r["contention_vs_sdpa"] - r["ratio_vs_sdpa_contended"] / r["ratio_vs_sdpa"]) < 1e-9
+    table = (tmp_path / "bench.md").read_text()
+    assert "tiled/SDPA busy" in table and "| 64 | 2 | causal | fwd |" in table.split("Contended")[1]
+
+
+def test_spinner_runs_only_when_busy_and_dies_on_close():
+    import os
+    import time
+
+    from selfattention.bench import Spinner
+
+    def cpu_s(pid):
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    with Spinner(limit_s=30) as sp:
+        pid = sp.proc.pid
+        time.sleep(0.3)
+        paused = cpu_s(pid)
+        time.sleep(0.3)
+        assert cpu_s(pid) - paused < 0.05  # stopped: no CPU time
+        sp.busy(True)
+        time.sleep(0.5)
+        assert cpu_s(pid) - paused > 0.05  # running
+    assert sp.proc.poll() is not None  # killed and reaped

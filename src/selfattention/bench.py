@@ -16,6 +16,12 @@ memory = VmHWM − VmRSS before the call (that call is also the warm-up, and fle
 ``repeats`` rounds that call every implementation in turn (interleaved, so a noisy neighbour slows them
 alike); the median is reported. Threads: torch's default unless ``threads`` is set. Every tiled row
 records which kernel and plan strategy ran (:func:`selfattention.tiled.describe`), and why.
+
+**Contended** (``contended=True``, ``selfattention bench --contended``): the child also starts a bounded
+background load — one process spinning on one core (pinned to the last CPU where the OS allows it; it
+exits by itself after ``_SPIN_LIMIT_S`` and is killed at the end) — and every round times each
+implementation twice, once with the spinner stopped (SIGSTOP) and once with it running (SIGCONT), so the
+quiet and the contended ratios come from the same process and the same minutes of a shared machine.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class BenchConfig:
     block_q: int | None = None
     block_k: int | None = None
     threads: int | None = None  # torch threads in the children (None: torch's default)
+    contended: bool = False  # time every round quiet and with one core kept busy by a spinner
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -208,6 +215,47 @@ def _impls(spec: dict) -> tuple[dict[str, Any], dict[str, str]]:
     return out, missing
 
 
+_SPIN_LIMIT_S = 3600.0  # a spinner left behind by a killed run stops by itself
+_SPIN = "import time\nend = time.monotonic() + {limit}\nwhile time.monotonic() < end:\n    pass\n"
+
+
+class Spinner:
+    """A child process spinning on one core (the background load of ``--contended``), paused at start.
+
+    ``busy(True)`` lets it run, ``busy(False)`` stops it (SIGSTOP); :meth:`close` kills it. Use as a
+    context manager so that it dies with the measurement."""
+
+    def __init__(self, limit_s: float = _SPIN_LIMIT_S) -> None:
+        import signal
+
+        self._signal = signal
+        self.proc = subprocess.Popen([sys.executable, "-c", _SPIN.format(limit=float(limit_s))])
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if len(cpus) > 1:
+            try:
+                os.sched_setaffinity(self.proc.pid, {cpus[-1]})
+            except OSError:
+                pass
+        self.busy(False)
+
+    def busy(self, on: bool) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, self._signal.SIGCONT if on else self._signal.SIGSTOP)
+            if on:
+                time.sleep(0.05)  # let the scheduler see it
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self) -> Spinner:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def _child(spec: dict) -> None:
     """Measure one case; print one JSON line per implementation."""
     import torch
@@ -237,6 +285,7 @@ def _child(spec: dict) -> None:
         memory[name] = _peak_extra_mib(lambda fn=fn: call(fn))
         first[name] = time.perf_counter() - t0
     times: dict[str, list[float]] = {name: [] for name in impls}
+    busy_times: dict[str, list[float]] = {name: [] for name in impls}
     repeats = spec["repeats"]
     if repeats == 0:  # memory-only run: the one call is the time sample
         times = {name: [first[name]] for name in impls}
@@ -245,13 +294,23 @@ def _child(spec: dict) -> None:
     once = {"sdpa"} if spec["variant"] in ("window", "documents") and repeats else set()
     for name in once:
         times[name] = [first[name]]
-    for _ in range(repeats):
-        for name, fn in impls.items():
-            if name in once:
-                continue
-            t0 = time.perf_counter()
-            call(fn)
-            times[name].append(time.perf_counter() - t0)
+    contended = bool(spec.get("contended")) and repeats > 0
+    spinner = Spinner() if contended else None
+    try:
+        for _ in range(repeats):
+            for mode in ("quiet", "busy") if contended else ("quiet",):
+                if spinner is not None:
+                    spinner.busy(mode == "busy")
+                for name, fn in impls.items():
+                    samples = (busy_times if mode == "busy" else times)[name]
+                    if name in once and (mode == "quiet" or samples):  # the slow peer: one busy sample
+                        continue
+                    t0 = time.perf_counter()
+                    call(fn)
+                    samples.append(time.perf_counter() - t0)
+    finally:
+        if spinner is not None:
+            spinner.close()
     for name in impls:
         med = statistics.median(times[name])
         row = {
@@ -263,6 +322,9 @@ def _child(spec: dict) -> None:
             "visible_fraction": _visible_fraction(spec),
             "threads": torch.get_num_threads(),
         }
+        if busy_times[name]:
+            row["median_s_contended"] = statistics.median(busy_times[name])
+            row["times_s_contended"] = busy_times[name]
         if name == "flex":
             row["compile_s"] = max(0.0, first[name] - med)
         if name == "tiled":
@@ -297,6 +359,7 @@ def _specs(cfg: BenchConfig) -> list[dict]:
         "block_q": cfg.block_q,
         "block_k": cfg.block_k,
         "threads": cfg.threads,
+        "contended": cfg.contended,
     }
     specs = []
     for variant in ("dense", "causal"):
@@ -391,6 +454,10 @@ def _ratios(rows: list[dict]) -> None:
             for peer in ("sdpa", "flex"):
                 base = by.get((*_key(r), peer))
                 r[f"ratio_vs_{peer}"] = r["median_s"] / base["median_s"] if base else None
+                if base and "median_s_contended" in r and "median_s_contended" in base:
+                    busy = r["median_s_contended"] / base["median_s_contended"]
+                    r[f"ratio_vs_{peer}_contended"] = busy
+                    r[f"contention_vs_{peer}"] = busy / r[f"ratio_vs_{peer}"]
 
 
 def _fmt_s(x: float | None) -> str:
@@ -457,7 +524,38 @@ def to_markdown(result: dict) -> str:
     )
     for s in meta.get("skipped", []):
         lines.append(f"Left out: {s}.")
+    if any("ratio_vs_sdpa_contended" in r for r in rows):
+        lines += ["", *_contention_table(rows, meta)]
     return "\n".join(lines) + "\n"
+
+
+def _contention_table(rows: list[dict], meta: dict) -> list[str]:
+    """Quiet and contended (one core kept busy) ratios side by side, from the same rounds."""
+    lines = [
+        "Contended (a spinner keeps one core busy in every other pass of each round; same process):",
+        "",
+        "| T | H | mask | pass | tiled quiet | tiled busy | SDPA quiet | SDPA busy | tiled/SDPA quiet "
+        "| tiled/SDPA busy | busy/quiet ratio | tiled/flex quiet | tiled/flex busy |",
+        "| ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    by = {(*_key(r), r["impl"]): r for r in rows}
+
+    def f(x):
+        return "—" if x is None else f"{x:.2f}"
+
+    for r in rows:
+        if r["impl"] != "tiled" or "median_s_contended" not in r:
+            continue
+        sd = by.get((*_key(r), "sdpa"), {})
+        t, h, variant, pss = _key(r)
+        lines.append(
+            f"| {t} | {h} | {_mask_name(variant, meta)} | {pss} | {_fmt_s(r['median_s'])} "
+            f"| {_fmt_s(r['median_s_contended'])} | {_fmt_s(sd.get('median_s'))} "
+            f"| {_fmt_s(sd.get('median_s_contended'))} | {f(r.get('ratio_vs_sdpa'))} "
+            f"| {f(r.get('ratio_vs_sdpa_contended'))} | {f(r.get('contention_vs_sdpa'))} "
+            f"| {f(r.get('ratio_vs_flex'))} | {f(r.get('ratio_vs_flex_contended'))} |"
+        )
+    return lines
 
 
 def _load(x) -> str:

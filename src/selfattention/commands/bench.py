@@ -160,6 +160,14 @@ def register(app: typer.Typer) -> None:
         no_flex: bool = typer.Option(
             False, "--no-flex", help=N_("Leave flex_attention out (saves its compile time).")
         ),
+        contended: bool = typer.Option(
+            False,
+            "--contended",
+            help=N_(
+                "Also time every round with one core kept busy by a background spinner (started and "
+                "killed by the benchmark) and print quiet and contended ratios side by side."
+            ),
+        ),
     ) -> None:
         from ..bench import VARIANTS, BenchConfig, run_bench, to_markdown, write_results
 
@@ -195,6 +203,7 @@ def register(app: typer.Typer) -> None:
             cfg.repeats = cfg.slow_repeats = repeats
         cfg.block_q, cfg.block_k = block_q, block_k
         cfg.flex = cfg.flex and not no_flex
+        cfg.contended = contended
 
         partial = out / "bench.partial.jsonl"
 
