@@ -50,7 +50,12 @@ def _block(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int,
     if hidden is not None and (bad_q is not None or bad_k is not None):
         # the mod sees 0 where hidden: a NaN there has no gradient path back
         s = torch.where(hidden, torch.zeros((), dtype=s.dtype, device=s.device), s)
+    raw = s
     s = evaluate_mod(score_mod, *index_tiles(b, h, i0, i0 + rows, c0, c0 + cols, s.device), score=s)
+    if raw.requires_grad and not (isinstance(s, torch.Tensor) and s.requires_grad):
+        # a mod that ignores the score: keep query/key in the graph with zero gradient, as torch's flex
+        # (autograd.grad(out, query) must not raise); where() passes 0, never 0 · NaN
+        s = s + torch.where(torch.zeros((), dtype=torch.bool, device=raw.device), raw, 0.0)
     s = s.to(q.dtype).expand(b, h, rows, cols)
     if hidden is not None:
         s = torch.where(hidden, torch.full((), -math.inf, dtype=s.dtype, device=s.device), s)
