@@ -411,3 +411,64 @@ def test_unknown_backend_names_the_choices():
     q = torch.randn(1, 1, 3, 4)
     with pytest.raises(ValueError, match="reference"):
         sa.scaled_dot_product_attention(q, q, q, backend="nope")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Combinations (test_transformers.py's parametrized math comparisons, with our bottom-right causal)
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gqa_causal_and_learned_float_mask_with_tq_lt_tk(backend):
+    q, k, v = _qkv(2, 4, 5, 19, 12, dv=7, hkv=2)
+    bias = _make((1, 1, 5, 19), seed=3)
+    keep = causal_lower_right(5, 19)._materialize()
+    out = sa.scaled_dot_product_attention(q, k, v, bias, is_causal=True, enable_gqa=True, backend=backend)
+    b2 = bias.detach().requires_grad_()
+    ref = torch_math(q, k, v, attn_mask=b2.masked_fill(~keep, -math.inf), enable_gqa=True)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+    for a, e in zip(torch.autograd.grad(out.sum(), (q, k, v, bias)),
+                    torch.autograd.grad(ref.sum(), (q, k, v, b2)), strict=True):  # fmt: skip
+        torch.testing.assert_close(a, e, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dropout_gradcheck_with_a_fixed_seed(backend):
+    # the backward must use the forward's dropout mask: gradcheck of the seeded function in float64
+    q, k, v = _qkv(1, 2, 6, 7, 4, dv=3)
+
+    def f(q, k, v):
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            return sa.scaled_dot_product_attention(q, k, v, dropout_p=0.3, backend=backend)
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bfloat16_within_twice_the_naive_error(backend):
+    q, k, v = (t.detach().bfloat16() for t in _qkv(2, 2, 97, 97, 40))
+    mask = torch.rand(97, 97, generator=torch.Generator().manual_seed(4)) > 0.2
+    out = sa.scaled_dot_product_attention(q, k, v, mask, backend=backend)
+    assert out.dtype == torch.bfloat16
+    gold = torch_math(q.double(), k.double(), v.double(), attn_mask=mask)
+    naive = torch_math(q, k, v, attn_mask=mask)
+    assert (out.double() - gold).abs().max() <= 2 * (naive.double() - gold).abs().max()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_key_padding_mask_b_1_1_tk_and_long_causal(backend):
+    q, k, v = _qkv(3, 2, 8, 10, 4)
+    keep = torch.ones(3, 1, 1, 10, dtype=torch.bool)
+    keep[0, ..., 7:] = False
+    keep[2, ..., :3] = False
+    compare(backend, q, k, v, {"attn_mask": keep})
+    compare(backend, *_qkv(1, 1, 1025, 1025, 59), {"is_causal": True})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scale_zero_with_a_mask_is_the_mean_of_the_visible_values(backend):
+    q, k, v = _qkv(1, 1, 5, 6, 4)
+    keep = torch.tensor([[1, 1, 0, 0, 1, 0]], dtype=torch.bool).expand(5, 6)
+    out = compare(backend, q, k, v, {"attn_mask": keep, "scale": 0.0})
+    torch.testing.assert_close(out, v[:, :, [0, 1, 4]].mean(2, keepdim=True).expand_as(out))
