@@ -204,3 +204,55 @@ def test_pytorch_109517_finfo_min_float_mask_on_whole_key_blocks(backend):
     ref = torch.nn.functional.scaled_dot_product_attention(q[..., :, :], k[..., 128:, :], v[..., 128:, :])
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_mlx_lm_1467_gqa_with_a_batched_padding_mask(backend):
+    # ml-explore/mlx-lm#1467: GQA + a (B, 1, L, L) padding mask crashed for B ≥ 2 (the mask's B axis was
+    # broadcast against the kv-head axis after the grouped reshape)
+    q = torch.randn(2, 8, 6, 16, dtype=torch.float64, requires_grad=True)
+    k, v = torch.randn(2, 2, 6, 16, dtype=torch.float64), torch.randn(2, 2, 6, 16, dtype=torch.float64)
+    keep = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+    keep[1, ..., :2] = False  # batch 1: two padding tokens on the left
+    out = sa.scaled_dot_product_attention(q, k, v, keep, enable_gqa=True, backend=backend)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, keep, enable_gqa=True)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(
+        torch.autograd.grad(out.sum(), q)[0], torch.autograd.grad(ref.sum(), q)[0], atol=1e-10, rtol=1e-10
+    )
+
+
+def test_mlx_lm_1467_flex_gqa_with_a_per_batch_block_mask():
+    lengths = torch.tensor([40, 23])
+
+    def padding(b, h, q, kv):
+        return kv < lengths[b]
+
+    run_test(mask_mod=padding, Q_B=2, Q_H=8, KV_H=2, Q_S=40, QK_D=8, block_size=16)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pytorch_120810_mask_broadcast_over_extra_batch_dims(backend):
+    # pytorch/pytorch#120810: a (1, 1, S) mask broadcasts against (B, 2, 4, L, S) scores
+    q = torch.rand(3, 2, 4, 7, 16, dtype=torch.float64)
+    k, v = torch.rand(3, 2, 4, 5, 16, dtype=torch.float64), torch.rand(3, 2, 4, 5, 32, dtype=torch.float64)
+    mask = torch.zeros(1, 1, 5, dtype=torch.bool)
+    mask[..., 2:] = True
+    out = sa.scaled_dot_product_attention(q, k, v, mask, backend=backend)
+    assert out.shape == (3, 2, 4, 7, 32)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, mask))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_skainet_860_scale_none_is_one_over_sqrt_d_and_zero_is_zero(backend):
+    # SKaiNET#860 (and the `scale or 1/sqrt(d)` family): the default and an explicit 0.0 must differ
+    q, k, v = (torch.randn(1, 1, 3, 2, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    default = sa.scaled_dot_product_attention(q, k, v, is_causal=True, backend=backend)
+    explicit = sa.scaled_dot_product_attention(
+        q, k, v, is_causal=True, scale=1 / math.sqrt(2), backend=backend
+    )
+    zero = sa.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.0, backend=backend)
+    torch.testing.assert_close(default, explicit)
+    means = torch.cumsum(v, 2) / torch.arange(1, 4).view(1, 1, 3, 1)
+    torch.testing.assert_close(zero, means)
+    assert not torch.allclose(default, zero)
