@@ -795,3 +795,73 @@ def test_score_mod_closing_over_a_float64_tensor_with_float32_inputs():
     assert out.dtype == torch.float32
     ref = golden(*(t.detach().double() for t in (q, k, v)), score_mod)[0]
     torch.testing.assert_close(out.double(), ref, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# More of PyTorch's score_mod cases: biases loaded from tensors, gates, poison values, strides, tiny sizes
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dims", ["seq", "seq_batch", "head_seq_batch", "rel"])
+def test_load_from_bias(dims):
+    g = torch.Generator().manual_seed(7)
+    if dims == "seq":
+        bias = torch.randn(S, S, generator=g, dtype=torch.float64)
+
+        def bias_mod(score, b, h, q, kv):
+            return score + bias[q, kv]
+    elif dims == "seq_batch":
+        bias = torch.randn(B, S, S, generator=g, dtype=torch.float64)
+
+        def bias_mod(score, b, h, q, kv):
+            return score + bias[b, q, kv]
+    elif dims == "head_seq_batch":
+        bias = torch.randn(B, H, S, S, generator=g, dtype=torch.float64)
+
+        def bias_mod(score, b, h, q, kv):
+            return score + bias[b, h, q, kv]
+    else:
+        bias = torch.randn(2 * S, generator=g, dtype=torch.float64)
+
+        def bias_mod(score, b, h, q, kv):
+            return score + bias[q - kv + S]
+
+    run_test(bias_mod, causal_mask, block_size=(16, 32))
+
+
+def test_head_specific_gate_and_silu():
+    gate = torch.rand(H, dtype=torch.float64, requires_grad=True)
+
+    def gated(score, b, h, q, kv):
+        return torch.nn.functional.silu(score) * torch.sigmoid(gate[h])
+
+    run_test(gated, sliding_window(12), captured=(gate,), block_size=16)
+
+
+def test_poison_values_in_masked_positions_do_not_reach_gradients():
+    # PyTorch's poison-mod idea: the score_mod yields NaN exactly where the mask hides the key
+    def poison(score, b, h, q, kv):
+        return score * torch.sqrt((q - kv).to(score.dtype))  # NaN for kv > q
+
+    q, k, v = (_make((1, 2, 40, 8), torch.float64, i) for i in range(3))
+    for bs in (128, 8):
+        bm = create_block_mask(causal_mask, None, None, 40, 40, device="cpu", BLOCK_SIZE=bs)
+        out = flex_attention(q, k, v, poison, bm)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        assert torch.isfinite(out).all() and all(torch.isfinite(t).all() for t in grads)
+
+
+@pytest.mark.parametrize(("q_s", "kv_s"), [(1, 1), (1, 2), (2, 1), (3, 5)])
+def test_small_q_kv_len(q_s, kv_s):
+    run_test(_rel_bias, Q_S=q_s, KV_S=kv_s, QK_D=4)
+
+
+def test_strided_inputs():
+    # (B, T, H, D) storage viewed as (B, H, T, D), and a value with a transposed last two dims
+    q = _make((2, 45, 4, 16), torch.float64, 0).detach().transpose(1, 2).requires_grad_()
+    k = _make((2, 45, 4, 16), torch.float64, 1).detach().transpose(1, 2).requires_grad_()
+    v = _make((2, 4, 16, 45), torch.float64, 2).detach().transpose(-1, -2).requires_grad_()
+    bm = create_block_mask(causal_mask, None, None, 45, 45, device="cpu", BLOCK_SIZE=16)
+    out = flex_attention(q, k, v, _trig, bm)
+    ref = golden(*(t.detach().requires_grad_() for t in (q, k, v)), _trig, causal_mask)[0]
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
