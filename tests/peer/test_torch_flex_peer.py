@@ -865,3 +865,41 @@ def test_strided_inputs():
     out = flex_attention(q, k, v, _trig, bm)
     ref = golden(*(t.detach().requires_grad_() for t in (q, k, v)), _trig, causal_mask)[0]
     torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+
+
+def _naive_in_dtype(q, k, v, score_mod, mask_mod):
+    """Eager math in the inputs' dtype (the softmax in float32, as torch's eager flex): the 'ref' of
+    PyTorch's bf16/fp16 checks."""
+    s = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(q.shape[-1]))
+    idx = _grids(*s.shape)
+    if score_mod is not None:
+        s = score_mod(s, *idx).to(q.dtype)
+    s = s.masked_fill(~mask_mod(*idx), -math.inf)
+    return torch.softmax(s.float(), -1).to(q.dtype) @ v
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "score_mod", [_identity, _rel_bias, _softcap], ids=lambda f: getattr(f, "__name__", "")
+)
+def test_half_precision_within_twice_the_naive_error_forward_and_backward(dtype, score_mod):
+    # PyTorch's bf16/fp16 criterion: |ours − golden| ≤ fudge × |eager in that dtype − golden|, with
+    # golden the same math in float64 on the same (rounded) inputs
+    def mod(s, b, h, q, kv):
+        return score_mod(s, b, h, q, kv) if score_mod is not _rel_bias else s + (q - kv) * 0.05
+
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(2, 2, 97, 40, generator=g).to(dtype) for _ in range(3)]
+    do = torch.randn(2, 2, 97, 40, generator=g).to(dtype)
+    bm = create_block_mask(causal_mask, None, None, 97, 97, device="cpu", BLOCK_SIZE=32)
+    results = []
+    for fn, cast in ((None, dtype), ("naive", dtype), ("golden", torch.float64)):
+        leaves = [t.to(cast).requires_grad_() for t in base]
+        if fn is None:
+            out = flex_attention(*leaves, mod, bm)
+        else:
+            out = _naive_in_dtype(*leaves, mod, causal_mask)
+        results.append((out, *torch.autograd.grad(out, leaves, do.to(cast))))
+    for ours, naive, gold in zip(*results, strict=True):
+        assert ours.dtype == dtype
+        assert (ours.double() - gold).abs().max() <= 2 * (naive.double() - gold).abs().max()
