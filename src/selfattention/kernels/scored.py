@@ -50,7 +50,14 @@ def _block(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int,
     if hidden is not None and (bad_q is not None or bad_k is not None):
         # the mod sees 0 where hidden: a NaN there has no gradient path back
         s = torch.where(hidden, torch.zeros((), dtype=s.dtype, device=s.device), s)
+    elif hidden is not None and s.requires_grad:  # a mod NaN/inf at hidden entries (sqrt, log of q − kv)
+        s = _HideGrad.apply(s, hidden)  # must not turn the backward NaN through 0 · NaN (torch's flex)
+    raw = s
     s = evaluate_mod(score_mod, *index_tiles(b, h, i0, i0 + rows, c0, c0 + cols, s.device), score=s)
+    if raw.requires_grad and not (isinstance(s, torch.Tensor) and s.requires_grad):
+        # a mod that ignores the score: keep query/key in the graph with zero gradient, as torch's flex
+        # (autograd.grad(out, query) must not raise); where() passes 0, never 0 · NaN
+        s = s + torch.where(torch.zeros((), dtype=torch.bool, device=raw.device), raw, 0.0)
     s = s.to(q.dtype).expand(b, h, rows, cols)
     if hidden is not None:
         s = torch.where(hidden, torch.full((), -math.inf, dtype=s.dtype, device=s.device), s)
@@ -82,6 +89,20 @@ def _joined(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int
     k = kv[0] if n == 1 else torch.cat(kv[:n], dim=2)
     v = kv[n] if n == 1 else torch.cat(kv[n:], dim=2)
     return _block(vis, scale, score_mod, i0, c0, q, k, v)
+
+
+class _HideGrad(torch.autograd.Function):
+    """Identity forward; the backward zeroes the gradient of hidden entries (free in the forward)."""
+
+    @staticmethod
+    def forward(ctx, s, hidden):
+        ctx.save_for_backward(hidden)
+        return s.view_as(s)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (hidden,) = ctx.saved_tensors
+        return torch.where(hidden, torch.zeros((), dtype=grad.dtype, device=grad.device), grad), None
 
 
 def _clean(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
