@@ -45,6 +45,7 @@ import types
 
 import torch
 
+from ..flash_kvcache import flash_attn_with_kvcache
 from ._args import dense_problem, unpage, varlen_problem
 from ._core import attend
 
@@ -55,6 +56,7 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_varlen_kvpacked_func",
     "flash_attn_varlen_qkvpacked_func",
+    "flash_attn_with_kvcache",
     "install_as_flash_attn",
 ]
 
