@@ -77,8 +77,11 @@ from typing import Any
 import torch
 
 from . import _hooks
+from ._validation import check_dropout
 from .backends import scaled_dot_product_attention
 from .functional import AttentionSteps, attention_steps, attention_weights
+from .hf_masks import LazyMask, engine_attention, mask_function
+from .visibility import Visibility
 
 __all__ = [
     "BACKEND",
@@ -180,15 +183,13 @@ def _import_transformers() -> None:
     import transformers  # noqa: F401
 
 
-def attention_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
-    """The mask function registered with our attention: transformers' ``sdpa_mask``, unchanged.
-
-    It returns a bool mask (B, 1, Tq, Tk), True = attend (padding, causal, sliding window, chunks …
-    combined), or ``None`` when the call can be described by ``is_causal`` alone (see the module doc).
+def attention_mask(*args: Any, **kwargs: Any) -> LazyMask:
+    """The mask function registered with our attention (``AttentionMaskInterface``, ``sdpa_mask``'s
+    signature): a :class:`~selfattention.hf_masks.LazyMask` — causal at the cache's offset, sliding
+    window, chunks or packed sequences as documents, padding as a key-only (B, 1, 1, Tk) mask, anything
+    else as a per-block predicate — never a dense (B, 1, Tq, Tk) tensor (see :mod:`selfattention.hf_masks`).
     """
-    from transformers.masking_utils import sdpa_mask
-
-    return sdpa_mask(*args, **kwargs)
+    return mask_function(*args, **kwargs)
 
 
 def register() -> str:
@@ -317,7 +318,8 @@ def attention_forward(
     """
     _refuse_unknown(module, kwargs)
     want = wants_weights(kwargs)
-    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+    lazy = attention_mask if isinstance(attention_mask, LazyMask) else None
+    if attention_mask is not None and lazy is None and not isinstance(attention_mask, torch.Tensor):
         raise TypeError(
             f"attention_mask must be a torch.Tensor or None, got {type(attention_mask).__name__} (a "
             "flex-attention BlockMask comes from the 'flex_attention' mask function: register "
@@ -328,6 +330,25 @@ def attention_forward(
     if sliding_window is not None:
         sliding_window = int(_check_number("sliding_window", sliding_window))
     q_len, k_len = query.shape[-2], key.shape[-2]
+    training = bool(getattr(module, "training", False))
+    calls = None if torch.compiler.is_compiling() else _calls.get()  # (recording(): not in compiled graphs)
+    # the weights, a recording, per-query sinks and softcap with dropout take the materialising route
+    dense = want or calls is not None or sinks is not None or min(query.shape) == 0 or min(key.shape) == 0
+    dense = dense or (softcap is not None and training and dropout > 0) or torch.compiler.is_compiling()
+    sink = _sink_logits(s_aux, sinks, query)  # checked here, used below
+    fast = dict(dropout_p=check_dropout(dropout) if training else 0.0, softcap=softcap, s_aux=s_aux)
+    if lazy is not None:
+        if lazy.shape[-2:] != (q_len, k_len) or lazy.batch_size not in (1, query.shape[0]):
+            raise ValueError(
+                f"attention_mask is a LazyMask for (B, Tq, Tk) = ({lazy.batch_size}, {lazy.shape[-2]}, "
+                f"{lazy.shape[-1]}) but query/key have ({query.shape[0]}, {q_len}, {k_len})"
+            )
+        if not dense:
+            context = engine_attention(
+                query, key, value, lazy.visibility, scaling, position_bias=position_bias, **fast
+            )
+            return context.transpose(1, 2).contiguous(), None
+        attention_mask = lazy.to_dense()
     full_k_len = k_len  # weights are returned over every key passed in, even the ones cut below
     mask = attention_mask
     causal = False
@@ -352,6 +373,12 @@ def attention_forward(
                 "defined; pass the mask (selfattention.hf.attention_mask builds it)"
             )
 
+    canonical = mask is None or (mask.dim() == 4 and mask.shape[0] in (1, query.shape[0]))
+    if not dense and canonical and (softcap is not None or position_bias is not None or s_aux is not None):
+        vis = Visibility(q_len, k_len, is_causal=causal, attn_mask=mask)
+        context = engine_attention(query, key, value, vis, scaling, position_bias=position_bias, **fast)
+        return context.transpose(1, 2).contiguous(), None
+
     scale = scaling
     bias = None
     if softcap is not None:
@@ -361,15 +388,12 @@ def attention_forward(
         scale = 0.0
     if position_bias is not None:
         bias = position_bias if bias is None else bias + position_bias
-    sink = _sink_logits(s_aux, sinks, query)
     if bias is not None or sink is not None:
         mask, causal = _additive(mask, bias, causal, q_len, k_len, query.device), False
     if sink is not None:
         mask, key, value = _with_sink(mask, sink, key, value, q_len, k_len)
 
     enable_gqa = key.shape[-3] != query.shape[-3]
-    training = bool(getattr(module, "training", False))
-    calls = None if torch.compiler.is_compiling() else _calls.get()  # (recording(): not in compiled graphs)
     if calls is not None:
         calls.append(AttentionCall(query, key, value, mask, causal, scale, enable_gqa, k_len))
     weights = None
