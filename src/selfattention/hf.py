@@ -134,14 +134,15 @@ class AttentionCall:
 
     ``query`` (B, H, Tq, D), ``key``/``value`` (B, Hkv, Tk', D) and ``attn_mask`` / ``is_causal`` /
     ``scale`` / ``enable_gqa`` are exactly the arguments of :func:`selfattention.scaled_dot_product_attention`
-    (after the mask-less rules, soft-capping written into the mask, a sink appended as a last key).
+    (after the mask-less rules, soft-capping written into the mask, a sink appended as a last key);
+    from the registered mask function ``attn_mask`` is its :class:`~selfattention.visibility.Visibility`.
     ``n_keys`` is the number of the model's own keys (Tk' − 1 with a sink).
     """
 
     query: torch.Tensor
     key: torch.Tensor
     value: torch.Tensor
-    attn_mask: torch.Tensor | None
+    attn_mask: torch.Tensor | Visibility | None
     is_causal: bool
     scale: float | None
     enable_gqa: bool
@@ -154,7 +155,7 @@ class AttentionCall:
         if head is not None:
             group = q.shape[-3] // k.shape[-3]
             q, k = q[:, head : head + 1], k[:, head // group : head // group + 1]
-            if mask is not None and mask.dim() >= 3 and mask.shape[-3] > 1:
+            if isinstance(mask, torch.Tensor) and mask.dim() >= 3 and mask.shape[-3] > 1:
                 mask = mask[..., head : head + 1, :, :]
         w = attention_weights(
             q, k, mask, self.is_causal, self.scale, enable_gqa=head is None and self.enable_gqa
@@ -333,7 +334,15 @@ def attention_forward(
     training = bool(getattr(module, "training", False))
     calls = None if torch.compiler.is_compiling() else _calls.get()  # (recording(): not in compiled graphs)
     # the weights, a recording, per-query sinks and softcap with dropout take the materialising route
-    dense = want or calls is not None or sinks is not None or min(query.shape) == 0 or min(key.shape) == 0
+    # (a recording of a lazy mask without softcap, sinks or bias keeps its Visibility: nothing materialised)
+    plain = softcap is None and s_aux is None and position_bias is None
+    dense = (
+        want
+        or (calls is not None and not (plain and lazy is not None))
+        or sinks is not None
+        or min(query.shape) == 0
+        or min(key.shape) == 0
+    )
     dense = dense or (softcap is not None and training and dropout > 0) or torch.compiler.is_compiling()
     sink = _sink_logits(s_aux, sinks, query)  # checked here, used below
     fast = dict(dropout_p=check_dropout(dropout) if training else 0.0, softcap=softcap, s_aux=s_aux)
@@ -344,6 +353,9 @@ def attention_forward(
                 f"{lazy.shape[-1]}) but query/key have ({query.shape[0]}, {q_len}, {k_len})"
             )
         if not dense:
+            if calls is not None:
+                gqa = key.shape[-3] != query.shape[-3]
+                calls.append(AttentionCall(query, key, value, lazy.visibility, False, scaling, gqa, k_len))
             context = engine_attention(
                 query, key, value, lazy.visibility, scaling, position_bias=position_bias, **fast
             )
