@@ -344,6 +344,7 @@ def attention_forward(
         or min(key.shape) == 0
     )
     dense = dense or (softcap is not None and training and dropout > 0) or torch.compiler.is_compiling()
+    dense = dense or BACKEND != "tiled"  # another backend chosen: it gets the dense mask, as before
     sink = _sink_logits(s_aux, sinks, query)  # checked here, used below
     fast = dict(dropout_p=check_dropout(dropout) if training else 0.0, softcap=softcap, s_aux=s_aux)
     if lazy is not None:

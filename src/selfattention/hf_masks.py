@@ -220,6 +220,7 @@ def mask_function(
     ANDed with the 2-D padding ``attention_mask`` (B, ≥ kv_offset + kv_length; 1 = token, shorter: the
     missing keys are hidden), as a :class:`LazyMask` (never ``None``: the call needs no is_causal rules).
     ``local_size``, ``allow_is_causal_skip``, ``use_vmap``, ``dtype``, ``config`` … are accepted and unused.
+    Under ``torch.compile`` / export it returns transformers' own ``sdpa_mask`` (dense, or None).
 
     >>> from transformers.masking_utils import sliding_window_causal_mask_function      # doctest: +SKIP
     >>> mask_function(2, 8, 8, mask_function=sliding_window_causal_mask_function(3))    # doctest: +SKIP
@@ -229,6 +230,13 @@ def mask_function(
 
     if isinstance(attention_mask, LazyMask):
         return attention_mask  # already prepared (transformers returns a prepared 4-D mask as it is)
+    if torch.compiler.is_compiling():  # a traced graph gets transformers' own dense mask (no data-dependent
+        from transformers.masking_utils import sdpa_mask  # branches while the recipe is read)
+
+        return sdpa_mask(
+            batch_size, q_length, kv_length, q_offset, kv_offset, mask_function=mask_function or causal_mask_function,
+            attention_mask=attention_mask, device=device, **kwargs,
+        )  # fmt: skip
     fn = causal_mask_function if mask_function is None else mask_function
     q_off, kv_off = int(q_offset), int(kv_offset)
     device = torch.device(device)
