@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 
 from transformers import masking_utils as mu  # noqa: E402
 
-from selfattention import hf, hf_masks  # noqa: E402
+from selfattention import hf, hf_dense, hf_masks  # noqa: E402
 from tests import tiny_models  # noqa: E402
 from tests.tiny_models import build  # noqa: E402
 
@@ -156,9 +156,9 @@ def no_dense_routes(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("the dense route ran")
 
-    monkeypatch.setattr(hf, "_with_sink", boom)
-    monkeypatch.setattr(hf, "_softcapped_scores", boom)
-    monkeypatch.setattr(hf, "_additive", boom)
+    monkeypatch.setattr(hf_dense, "with_sink", boom)
+    monkeypatch.setattr(hf_dense, "softcapped_scores", boom)
+    monkeypatch.setattr(hf_dense, "additive_mask", boom)
 
 
 @pytest.mark.parametrize("sizes", [(97, 97, 0, 0), (1, 40, 39, 0), (5, 37, 20, 3)])
