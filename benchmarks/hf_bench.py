@@ -13,8 +13,8 @@ rounds, and the ratios are taken against the other implementations of the same r
     .venv/bin/python benchmarks/hf_bench.py --models t5 mistral qwen2 gpt_oss --seq-lens 256
     .venv/bin/python benchmarks/hf_bench.py --memory            # peak memory, one process per figure
 
-``--memory`` prints peak memory (growth of the process's peak resident set during the measured call, in a
-fresh process per figure): a Mistral with window 128 at T = 8192 under sdpa and ours, and one
+``--memory`` prints peak memory (growth of the process's peak resident set during the first call, in a
+fresh process per figure; the time is the second call's): a Mistral with window 128 at T = 8192 under sdpa and ours, and one
 gpt-oss-shaped attention call (4 heads of 16, window 128, s_aux sinks) through the materialising route
 (a (B, H, T, T + 1) float mask with a sink column: the route before the lazy masks, which the weights
 path still takes) and through the lazy mask on the engine (out · σ(lse − sink)).
@@ -242,12 +242,13 @@ def peak_child(what: str, route: str, seq_len: str) -> str:
             return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, s_aux=sinks)
 
     with torch.no_grad():
-        run()  # warm: allocator, plans
         base = _rss_peak_mib()
+        run()  # the first call: its peak is the figure (large blocks go back to the system when freed)
+        peak = _rss_peak_mib() - base
         start = time.perf_counter()
-        run()
+        run()  # the second, warm: its time is the figure
         sec = time.perf_counter() - start
-    return json.dumps({"seconds": sec, "peak_mib": _rss_peak_mib() - base})
+    return json.dumps({"seconds": sec, "peak_mib": peak})
 
 
 def memory_table(threads: int) -> int:
@@ -256,8 +257,8 @@ def memory_table(threads: int) -> int:
                              check=True, capture_output=True, text=True).stdout  # fmt: skip
         return json.loads(out.strip().splitlines()[-1])
 
-    print("peak memory: growth of the peak RSS during the call, a fresh process per figure (the warm-up")
-    print("call runs first, so a figure is what the measured call needs beyond it)")
+    print("peak memory: growth of the process's peak RSS during the first call, a fresh process per figure")
+    print("(inputs and model built before); time: the second call")
     print("| what | T | peer | peer MiB | peer ms | ours MiB | ours ms | ours / peer time |")
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for what, peer, ours, lens in (
