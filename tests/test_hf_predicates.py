@@ -269,3 +269,29 @@ def test_packed_sequences_in_a_model_match_eager():
             AttentionMaskInterface.register("selfattention", hf.attention_mask)
     assert seen and all("documents" in m.kinds and "predicate" not in m.kinds for m in seen)
     assert (ours - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_position_bias_without_grad_is_one_fused_call_that_hides_nan_keys(no_dense_routes, causal):
+    """Inference with T5's bias: one vendor call with the dense bias; a padded key holding NaN never
+    leaks (the result is recomputed exactly), a query that sees no key gets zeros."""
+    from transformers.models.t5.modeling_t5 import eager_attention_forward
+
+    q, k, v = _qkv(12, 12, h=4, hkv=4)
+    bias = torch.randn(1, 4, 12, 12, dtype=torch.float64)
+    am = _padding(2, 12)
+    fn = mu.causal_mask_function if causal else mu.bidirectional_mask_function
+    lazy = hf.attention_mask(2, 12, 12, mask_function=fn, attention_mask=am)
+    dense = mu.sdpa_mask(2, 12, 12, mask_function=fn, attention_mask=am, allow_is_causal_skip=False)
+    additive = torch.zeros(dense.shape, dtype=torch.float64).masked_fill(~dense, -math.inf)
+    module = _module(groups=1)
+    with torch.no_grad():
+        theirs, _ = eager_attention_forward(module, q, k, v, additive, scaling=1.0, position_bias=bias)
+        theirs = theirs.nan_to_num(0.0)  # eager: NaN for a row with no visible key; ours: zeros
+        ours, _ = hf.attention_forward(module, q, k, v, lazy, scaling=1.0, position_bias=bias)
+        assert (ours - theirs).abs().max() <= 1e-12
+        k2, v2 = k.clone(), v.clone()
+        k2[~am.bool()[:, None, :, None].expand_as(k2)] = math.nan
+        v2[~am.bool()[:, None, :, None].expand_as(v2)] = math.inf
+        dirty, _ = hf.attention_forward(module, q, k2, v2, lazy, scaling=1.0, position_bias=bias)
+    assert torch.isfinite(dirty).all() and (dirty - theirs).abs().max() <= 1e-12

@@ -36,6 +36,7 @@ Source: transformers 5.x ``masking_utils.py`` (the predicates and their composit
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -309,18 +310,22 @@ def engine_attention(
 
     * ``softcap``: :func:`selfattention.mods.softcap` as a score mod (:mod:`selfattention.kernels.scored`,
       per query block), no (Tq, Tk) score tensor;
-    * ``position_bias`` (broadcastable (B, H, Tq, Tk), given dense by the model): a float bias tile of the
-      fused kernel; when it requires grad the engine returns its gradient (``mask_grad``);
+    * ``position_bias`` (broadcastable (B, H, Tq, Tk), given dense by the model): with no gradient wanted,
+      the bias (with the mask's −inf) goes to the vendor kernel in one call, as transformers' sdpa does;
+      otherwise a float bias of the engine, which returns its gradient when it requires one
+      (``mask_grad``);
     * ``s_aux`` (H,) sink logits: out · σ(lse − s_h) (:func:`selfattention.mods.attention_sink`), no mask
       column; gradients reach the sinks through the log-sum-exp.
     """
-    import math
-
     from .kernels import engine, scored
     from .mods import attention_sink
     from .mods import softcap as softcap_mod
 
     s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    fused = softcap is None and dropout_p == 0.0 and not _wants_grad(query, key, value, position_bias)
+    if position_bias is not None and fused:
+        out, lse = _dense_bias_call(query, key, value, vis, position_bias, s)
+        return out if s_aux is None else attention_sink(out, lse, s_aux.reshape(-1))
     if position_bias is not None:
         bias = position_bias
         while bias.dim() < 4:
@@ -342,3 +347,37 @@ def engine_attention(
     if s_aux is not None:
         out = attention_sink(out, lse, s_aux.reshape(-1))
     return out
+
+
+def _wants_grad(*ts: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
+
+
+def _dense_bias_call(query, key, value, vis: Visibility, position_bias: torch.Tensor, scale: float):
+    """One vendor-kernel call with the whole dense bias (the model's position bias plus the mask's −inf, one
+    (B, H, Tq, Tk) sum, as transformers' sdpa forms): (out, lse). Rows that see no key get out 0 and lse
+    −inf; a non-finite result (NaN/inf inputs, which the fused kernel may leak) is recomputed on the
+    engine, which handles them exactly."""
+    from .kernels import engine, vendor
+
+    c = vendor.compute_dtype(query.device, query.dtype)
+    hidden = vis.dense_bias(c, query.device)  # 0 where visible, −inf where hidden; key-only stays (b,1,1,Tk)
+    if hidden is None:
+        seen = None
+    elif vis.attn_mask is None and vis.q_doc is None and vis.mod is None:  # causal/window: from the structure
+        lo, hi = vis.rows_seen()
+        rows = torch.arange(vis.q_len, device=query.device)
+        seen = None if (lo, hi) == (0, vis.q_len) else ((rows >= lo) & (rows < hi)).view(1, 1, -1)
+    else:
+        seen = torch.isfinite(hidden).any(dim=-1)  # (b, h, Tq): rows with at least one visible key
+    bias = position_bias.to(c) if hidden is None else position_bias.to(c) + hidden
+    while bias.dim() < 4:
+        bias = bias.unsqueeze(0)
+    if vendor.unavailable(query.device, c) is None:
+        out, lse = vendor.forward(*(t.to(c) for t in (query, key, value)), bias, False, scale)
+        if seen is not None:
+            out, lse = torch.where(seen[..., None], out, 0.0), torch.where(seen, lse, -math.inf)
+        if bool(torch.isfinite(out).all()) and not bool(torch.isnan(lse).any()):
+            return out.to(query.dtype), lse
+    full = vis.with_mask(bias)
+    return engine.attention(query, key, value, engine.make_problem(query, key, value, full, scale))
