@@ -295,3 +295,29 @@ def test_position_bias_without_grad_is_one_fused_call_that_hides_nan_keys(no_den
         v2[~am.bool()[:, None, :, None].expand_as(v2)] = math.inf
         dirty, _ = hf.attention_forward(module, q, k2, v2, lazy, scaling=1.0, position_bias=bias)
     assert torch.isfinite(dirty).all() and (dirty - theirs).abs().max() <= 1e-12
+
+
+@pytest.mark.parametrize("small", [0, hf_masks.SMALL])
+@pytest.mark.parametrize("name", ["llama", "mistral", "qwen2", "gemma2", "gpt_oss", "t5", "bert"])
+def test_models_match_eager_on_both_lazy_routes(monkeypatch, name, small):
+    """The block engine's plans (``SMALL = 0``: every call planned) and the one-call dense-bias route of
+    small calls both give transformers' eager logits, padded batch, float32."""
+    monkeypatch.setattr(hf_masks, "SMALL", small)
+    model = build(name)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, tiny_models.VOCAB, (2, 11), generator=g)
+    am = torch.ones(2, 11, dtype=torch.long)
+    am[0, :3] = 0
+    batch = {"input_ids": ids, "attention_mask": am}
+    real = am.bool()
+    if name == "t5":
+        batch["decoder_input_ids"] = torch.randint(3, tiny_models.VOCAB, (2, 6), generator=g)
+        real = torch.ones(2, 6, dtype=torch.bool)
+    outs = {}
+    with torch.no_grad():
+        for impl in ("eager", "selfattention"):
+            with hf.using(model, impl):
+                out = model(**batch)
+                outs[impl] = out.logits if hasattr(out, "logits") else out.last_hidden_state
+    ref = outs["eager"][real]
+    assert (outs["selfattention"][real] - ref).abs().max() <= 2e-5 * ref.abs().max()

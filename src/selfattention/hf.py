@@ -369,7 +369,14 @@ def attention_forward(
                 gqa = key.shape[-3] != query.shape[-3]
                 calls.append(AttentionCall(query, key, value, *_recorded(lazy), scaling, gqa, k_len))
             context = engine_attention(
-                query, key, value, lazy.visibility, scaling, position_bias=position_bias, **fast
+                query,
+                key,
+                value,
+                lazy.visibility,
+                scaling,
+                position_bias=position_bias,
+                cache=lazy.cache,
+                **fast,
             )
             return context.transpose(1, 2).contiguous(), None
         attention_mask = lazy.to_dense()

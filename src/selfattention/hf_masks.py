@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -64,6 +64,7 @@ class LazyMask:
     batch_size: int
     kinds: tuple[str, ...]
     device: torch.device
+    cache: dict = field(default_factory=dict, repr=False)  # the dense bias of small calls, once per forward
 
     @property
     def shape(self) -> torch.Size:
@@ -304,6 +305,7 @@ def engine_attention(
     softcap: float | None = None,
     position_bias: torch.Tensor | None = None,
     s_aux: torch.Tensor | None = None,
+    cache: dict | None = None,
 ) -> torch.Tensor:
     """(B, H, Tq, Dv) attention of canonical query (B, H, Tq, D), key/value (B, Hkv, Tk, ·) under ``vis``,
     on the block engine (:mod:`selfattention.kernels.engine`), with autograd:
@@ -323,8 +325,9 @@ def engine_attention(
 
     s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     fused = softcap is None and dropout_p == 0.0 and not _wants_grad(query, key, value, position_bias)
-    if position_bias is not None and fused:
-        out, lse = _dense_bias_call(query, key, value, vis, position_bias, s)
+    small = vis.q_len * vis.k_len <= SMALL and vis.restricts and not _plain_causal(vis)
+    if fused and (position_bias is not None or small):
+        out, lse = _dense_bias_call(query, key, value, vis, position_bias, s, cache)
         return out if s_aux is None else attention_sink(out, lse, s_aux.reshape(-1))
     if position_bias is not None:
         bias = position_bias
@@ -349,11 +352,26 @@ def engine_attention(
     return out
 
 
+SMALL = 1 << 18
+"""Tq · Tk up to which a masked call without gradients is one vendor call with its dense bias (512²: at
+most 1 MiB of float32 per batch entry and head group), which beats a plan of several calls there."""
+
+
+def _plain_causal(vis: Visibility) -> bool:
+    """Causal on the diagonal only (the engine's single fused causal call)."""
+    return (
+        vis.is_causal and vis.window is None and vis.attn_mask is None and vis.q_doc is None and vis.mod is None
+        and vis.offset == 0 and vis.q_len == vis.k_len
+    )  # fmt: skip
+
+
 def _wants_grad(*ts: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
-def _dense_bias_call(query, key, value, vis: Visibility, position_bias: torch.Tensor, scale: float):
+def _dense_bias_call(
+    query, key, value, vis: Visibility, position_bias, scale: float, cache: dict | None = None
+):
     """One vendor-kernel call with the whole dense bias (the model's position bias plus the mask's −inf, one
     (B, H, Tq, Tk) sum, as transformers' sdpa forms): (out, lse). Rows that see no key get out 0 and lse
     −inf; a non-finite result (NaN/inf inputs, which the fused kernel may leak) is recomputed on the
@@ -361,23 +379,36 @@ def _dense_bias_call(query, key, value, vis: Visibility, position_bias: torch.Te
     from .kernels import engine, vendor
 
     c = vendor.compute_dtype(query.device, query.dtype)
-    hidden = vis.dense_bias(c, query.device)  # 0 where visible, −inf where hidden; key-only stays (b,1,1,Tk)
-    if hidden is None:
-        seen = None
-    elif vis.attn_mask is None and vis.q_doc is None and vis.mod is None:  # causal/window: from the structure
-        lo, hi = vis.rows_seen()
-        rows = torch.arange(vis.q_len, device=query.device)
-        seen = None if (lo, hi) == (0, vis.q_len) else ((rows >= lo) & (rows < hi)).view(1, 1, -1)
+    got = None if cache is None else cache.get((c, query.device))
+    if got is None:
+        got = _hidden(vis, c, query.device)
+        if cache is not None:
+            cache[(c, query.device)] = got
+    hidden, seen = got
+    if position_bias is None:
+        bias = hidden
     else:
-        seen = torch.isfinite(hidden).any(dim=-1)  # (b, h, Tq): rows with at least one visible key
-    bias = position_bias.to(c) if hidden is None else position_bias.to(c) + hidden
-    while bias.dim() < 4:
+        bias = position_bias.to(c) if hidden is None else position_bias.to(c) + hidden
+    while bias is not None and bias.dim() < 4:
         bias = bias.unsqueeze(0)
     if vendor.unavailable(query.device, c) is None:
         out, lse = vendor.forward(*(t.to(c) for t in (query, key, value)), bias, False, scale)
         if seen is not None:
             out, lse = torch.where(seen[..., None], out, 0.0), torch.where(seen, lse, -math.inf)
-        if bool(torch.isfinite(out).all()) and not bool(torch.isnan(lse).any()):
+        if bool(torch.isfinite(out.sum())) and not bool(torch.isnan(lse.sum())):  # one sync, as the engine
             return out.to(query.dtype), lse
-    full = vis.with_mask(bias)
+    full = vis if bias is None else vis.with_mask(bias)
     return engine.attention(query, key, value, engine.make_problem(query, key, value, full, scale))
+
+
+def _hidden(vis: Visibility, c: torch.dtype, device: torch.device):
+    """(the mask as a dense bias: 0 visible, −inf hidden, key-only stays (b, 1, 1, Tk); or None) and (the
+    rows that see a key, bool broadcastable to (B, H, Tq); None = all)."""
+    hidden = vis.dense_bias(c, device)
+    if hidden is None:
+        return None, None
+    if vis.attn_mask is None and vis.q_doc is None and vis.mod is None:  # causal/window: from the structure
+        lo, hi = vis.rows_seen()
+        rows = torch.arange(vis.q_len, device=device)
+        return hidden, None if (lo, hi) == (0, vis.q_len) else ((rows >= lo) & (rows < hi)).view(1, 1, -1)
+    return hidden, torch.isfinite(hidden).any(dim=-1)  # (b, h, Tq): rows with at least one visible key
