@@ -324,6 +324,20 @@ def engine_attention(
     from .mods import softcap as softcap_mod
 
     s = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    if (
+        softcap is None
+        and position_bias is None
+        and s_aux is None
+        and (not vis.restricts or _plain_causal(vis))
+    ):
+        # nothing hidden, or causal on the diagonal: the backend's plain call (validated plans are reused)
+        from .backends import scaled_dot_product_attention
+
+        gqa = key.shape[-3] != query.shape[-3]
+        return scaled_dot_product_attention(
+            query, key, value, dropout_p=dropout_p, is_causal=vis.is_causal, scale=s, enable_gqa=gqa,
+            backend="tiled",
+        )  # fmt: skip
     fused = softcap is None and dropout_p == 0.0 and not _wants_grad(query, key, value, position_bias)
     small = vis.q_len * vis.k_len <= SMALL and vis.restricts and not _plain_causal(vis)
     if fused and (position_bias is not None or small):
