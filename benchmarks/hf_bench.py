@@ -1,13 +1,23 @@
 """Speed of selfattention.hf inside transformers models, as a ratio to transformers' own sdpa and eager.
 
-Tiny random-weight models built from configs (no download): BERT (encoder) and Llama with grouped-query
-heads (decoder, causal), hidden 128, 2 layers, 4 heads of head_dim 32 (Llama: 2 key/value heads). One
+Tiny random-weight models built from configs (no download): BERT (encoder), Llama with grouped-query
+heads (decoder, causal), T5 (relative position bias), Mistral and Qwen2 with a small sliding window (32)
+and gpt-oss (attention sinks, window 32; transformers has no sdpa path for it: eager is its peer),
+hidden 128, 2 layers, 4 heads of head_dim 32 (2 key/value heads where the architecture has them). One
 process; the three attention implementations run on the **same** model object in interleaved rounds
 (the order rotates every round), so the machine's load hits them alike; the figure is the median of the
 rounds, and the ratios are taken against the other implementations of the same rounds.
 
     .venv/bin/python benchmarks/hf_bench.py --seq-lens 256 2048 --rounds 15 --threads 1
     .venv/bin/python benchmarks/hf_bench.py --json out/hf_bench.json
+    .venv/bin/python benchmarks/hf_bench.py --models t5 mistral qwen2 gpt_oss --seq-lens 256
+    .venv/bin/python benchmarks/hf_bench.py --memory            # peak memory, one process per figure
+
+``--memory`` prints peak memory (growth of the process's peak resident set during the first call, in a
+fresh process per figure; the time is the second call's): a Mistral with window 128 at T = 8192 under sdpa and ours, and one
+gpt-oss-shaped attention call (4 heads of 16, window 128, s_aux sinks) through the materialising route
+(a (B, H, T, T + 1) float mask with a sink column: the route before the lazy masks, which the weights
+path still takes) and through the lazy mask on the engine (out · σ(lse − sink)).
 
 Forward passes only (``torch.no_grad()``, batch 1, float32, no padding: transformers passes no mask and
 ``is_causal`` alone describes the decoder).
@@ -17,9 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -42,35 +55,74 @@ def build(kind: str, seed: int = 0) -> torch.nn.Module:
         bos_token_id=None,
         eos_token_id=None,
     )
+    common["max_position_embeddings"] = 16384
     torch.manual_seed(seed)
+    window = 128 if kind == "mistral_long" else 32
     if kind == "bert":
         return tf.BertModel(tf.BertConfig(**common)).eval()
     if kind == "llama":
         return tf.LlamaModel(tf.LlamaConfig(**common, num_key_value_heads=2)).eval()
+    if kind in ("mistral", "mistral_long"):
+        return tf.MistralModel(
+            tf.MistralConfig(**common, num_key_value_heads=2, sliding_window=window)
+        ).eval()
+    if kind == "qwen2":
+        cfg = tf.Qwen2Config(**common, num_key_value_heads=2, use_sliding_window=True, sliding_window=window,
+                             max_window_layers=0, layer_types=["sliding_attention"] * 2)  # fmt: skip
+        return tf.Qwen2Model(cfg).eval()
+    if kind == "gpt_oss":
+        cfg = tf.GptOssConfig(**{**common, "intermediate_size": 128}, num_key_value_heads=2, head_dim=32,
+                              num_local_experts=2, num_experts_per_tok=1, sliding_window=window,
+                              layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+        model = tf.GptOssModel(cfg).eval()
+        with torch.no_grad():
+            for layer in model.layers:
+                layer.self_attn.sinks.normal_(0.0, 1.0)
+        return model
+    if kind == "t5":
+        cfg = tf.T5Config(vocab_size=1000, d_model=128, d_kv=32, d_ff=256, num_layers=2, num_heads=4,
+                          relative_attention_num_buckets=32, pad_token_id=0, decoder_start_token_id=0)  # fmt: skip
+        return tf.T5Model(cfg).eval()
     raise ValueError(f"unknown model {kind!r}")
+
+
+MODELS = ("bert", "llama", "t5", "mistral", "qwen2", "gpt_oss")
+NO_SDPA = {"gpt_oss"}  # transformers runs gpt-oss' sinks on eager only
+
+
+def _inputs(model: torch.nn.Module, ids: torch.Tensor) -> dict:
+    if model.config.model_type == "t5":
+        return {"input_ids": ids, "decoder_input_ids": ids}
+    return {"input_ids": ids}
 
 
 def time_forward(model: torch.nn.Module, impl: str, ids: torch.Tensor) -> float:
     model.set_attn_implementation(impl)
     with torch.no_grad():
         start = time.perf_counter()
-        model(input_ids=ids)
+        model(**_inputs(model, ids))
         return time.perf_counter() - start
 
 
 def bench(kind: str, seq_len: int, rounds: int, warmup: int) -> dict:
     model = build(kind)
     ids = torch.randint(1, 1000, (1, seq_len), generator=torch.Generator().manual_seed(1))
-    times: dict[str, list[float]] = {impl: [] for impl in IMPLS}
+    impls = tuple(i for i in IMPLS if not (i == "sdpa" and kind in NO_SDPA))
+    times: dict[str, list[float]] = {impl: [] for impl in impls}
     for r in range(warmup + rounds):
-        order = IMPLS[r % 3 :] + IMPLS[: r % 3]
+        order = impls[r % len(impls) :] + impls[: r % len(impls)]
         for impl in order:
             t = time_forward(model, impl, ids)
             if r >= warmup:
                 times[impl].append(t)
     med = {impl: statistics.median(ts) for impl, ts in times.items()}
+    med.setdefault("sdpa", math.nan)
     # per-round ratios, then their median: robust to a slow round that hit one implementation
-    ratio_sdpa = statistics.median(a / b for a, b in zip(times["selfattention"], times["sdpa"], strict=True))
+    ratio_sdpa = math.nan
+    if "sdpa" in times:
+        ratio_sdpa = statistics.median(
+            a / b for a, b in zip(times["selfattention"], times["sdpa"], strict=True)
+        )
     ratio_eager = statistics.median(
         a / b for a, b in zip(times["selfattention"], times["eager"], strict=True)
     )
@@ -86,7 +138,9 @@ def bench(kind: str, seq_len: int, rounds: int, warmup: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["bert", "llama"], choices=["bert", "llama"])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--memory", action="store_true", help="peak memory figures instead (see the doc)")
+    parser.add_argument("--peak", nargs=3, default=None, help=argparse.SUPPRESS)  # one figure, in a child
     parser.add_argument("--seq-lens", nargs="+", type=int, default=[256, 2048])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=2)
@@ -101,6 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         help="run selfattention.hf on this backend instead of its default (selfattention.hf.BACKEND)",
     )
     args = parser.parse_args(argv)
+    if args.peak is not None:
+        print(peak_child(*args.peak))
+        return 0
+    if args.memory:
+        return memory_table(args.threads)
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import selfattention.hf as sahf
@@ -142,6 +201,76 @@ def main(argv: list[str] | None = None) -> int:
                 indent=2,
             )
         )
+    return 0
+
+
+def _rss_peak_mib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def peak_child(what: str, route: str, seq_len: str) -> str:
+    """One figure in this (fresh) process: seconds and peak-RSS growth (MiB) of the measured call."""
+    import selfattention.hf as sahf
+
+    sahf.register()
+    torch.set_num_threads(1)
+    t = int(seq_len)
+    if what == "model":
+        model = build("mistral_long")
+        ids = torch.randint(1, 1000, (1, t), generator=torch.Generator().manual_seed(1))
+        model.set_attn_implementation(route)
+        run = lambda: model(input_ids=ids)  # noqa: E731
+    else:  # one gpt-oss-shaped call: 4 heads of 16, window 128, sinks
+        from transformers import masking_utils as mu
+
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 4, t, 16, generator=g) for _ in range(3))
+        sinks = torch.randn(4, generator=g)
+        module = type("M", (), {"is_causal": True, "training": False, "config": None})()
+        fn = mu.sliding_window_causal_mask_function(128)
+        if route == "dense":  # the materialising route: dense bool mask, sink column (inside recording())
+            mask = mu.sdpa_mask(1, t, t, mask_function=fn, allow_is_causal_skip=False)
+        else:
+            mask = sahf.attention_mask(1, t, t, mask_function=fn)
+
+        def run():
+            if route == "dense":
+                with sahf.recording():
+                    return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, s_aux=sinks)
+            return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, s_aux=sinks)
+
+    with torch.no_grad():
+        base = _rss_peak_mib()
+        run()  # the first call: its peak is the figure (large blocks go back to the system when freed)
+        peak = _rss_peak_mib() - base
+        start = time.perf_counter()
+        run()  # the second, warm: its time is the figure
+        sec = time.perf_counter() - start
+    return json.dumps({"seconds": sec, "peak_mib": peak})
+
+
+def memory_table(threads: int) -> int:
+    def child(*a: str) -> dict:
+        out = subprocess.run([sys.executable, __file__, "--threads", str(threads), "--peak", *a],
+                             check=True, capture_output=True, text=True).stdout  # fmt: skip
+        return json.loads(out.strip().splitlines()[-1])
+
+    print("peak memory: growth of the process's peak RSS during the first call, a fresh process per figure")
+    print("(inputs and model built before); time: the second call")
+    print("| what | T | peer | peer MiB | peer ms | ours MiB | ours ms | ours / peer time |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+    for what, peer, ours, lens in (
+        ("gpt-oss call, sinks, window 128", "dense", "lazy", (2048, 4096, 8192)),
+        ("Mistral, window 128, 2 layers", "sdpa", "selfattention", (8192,)),
+    ):
+        for t in lens:
+            p = child("call" if peer == "dense" else "model", peer, str(t))
+            o = child("call" if peer == "dense" else "model", ours, str(t))
+            print(f"| {what} | {t} | {peer} | {p['peak_mib']:.0f} | {1e3 * p['seconds']:.1f} | "
+                  f"{o['peak_mib']:.0f} | {1e3 * o['seconds']:.1f} | {o['seconds'] / p['seconds']:.2f} |",
+                  flush=True)  # fmt: skip
     return 0
 
 

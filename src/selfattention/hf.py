@@ -6,17 +6,18 @@
 >>> model.set_attn_implementation("selfattention")                            # doctest: +SKIP
 
 :func:`register` registers two functions under the name ``"selfattention"``: :func:`attention_forward`
-with ``transformers.AttentionInterface`` and :func:`attention_mask` (transformers' own ``sdpa_mask``: bool
-masks, True = attend, this library's convention) with ``transformers.masking_utils.AttentionMaskInterface``.
+with ``transformers.AttentionInterface`` and :func:`attention_mask` with ``AttentionMaskInterface``.
 **Both are needed**: for a name that has no mask function transformers builds no mask at all, so padding
 would be attended to. :func:`attention_forward` refuses to run in that case (``RuntimeError``).
 
-Every architecture that routes its attention through ``AttentionInterface`` then runs on this library:
-transformers still computes the embeddings, the Q/K/V/output projections, rotary embeddings, the KV cache
-and the masks; every softmax(Q Kᵀ · scale + mask) V goes through
-:func:`selfattention.scaled_dot_product_attention` (backend :data:`BACKEND`), or through
-:func:`selfattention.functional.attention_steps` when the weights are asked for
-(``output_attentions=True``) or recorded (inside :func:`selfattention.capture`).
+The mask function returns a lazy :class:`~selfattention.hf_masks.LazyMask` (a Visibility: causal at the
+cache's offset, the sliding window, chunks and packed sequences as documents, padding as a key-only
+(B, 1, 1, Tk) mask, anything else a per-block predicate), never a dense (B, 1, Tq, Tk) mask; the call
+runs on the block engine (:func:`~selfattention.hf_masks.engine_attention`), soft-capping as a score
+mod, sinks as out · σ(lse − sink), a position bias as a bias tile. The weights (``output_attentions``,
+:func:`selfattention.capture`), per-query ``sinks``, soft-capping under dropout, a :data:`BACKEND` other
+than ``"tiled"`` and compiled graphs take the materialising route (:mod:`selfattention.hf_dense`,
+:func:`selfattention.functional.attention_steps`) with the dense mask, as transformers' sdpa would.
 
 What transformers passes, and what happens to it (everything else raises ``TypeError`` naming it):
 
@@ -71,14 +72,16 @@ import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from . import _hooks
+from . import _hooks, hf_dense
+from ._validation import check_dropout
 from .backends import scaled_dot_product_attention
-from .functional import AttentionSteps, attention_steps, attention_weights
+from .functional import attention_steps, attention_weights
+from .hf_masks import LazyMask, engine_attention, mask_function
 from .visibility import Visibility
 
 __all__ = [
@@ -132,7 +135,9 @@ class AttentionCall:
 
     ``query`` (B, H, Tq, D), ``key``/``value`` (B, Hkv, Tk', D) and ``attn_mask`` / ``is_causal`` /
     ``scale`` / ``enable_gqa`` are exactly the arguments of :func:`selfattention.scaled_dot_product_attention`
-    (after the mask-less rules, soft-capping written into the mask, a sink appended as a last key).
+    (after the mask-less rules, soft-capping written into the mask, a sink appended as a last key); a
+    lazy mask is recorded as its key-only padding mask and ``is_causal`` when that says everything
+    (bottom-right causal, no window, documents or predicate), else as its dense bool mask.
     ``n_keys`` is the number of the model's own keys (Tk' − 1 with a sink).
     """
 
@@ -152,7 +157,7 @@ class AttentionCall:
         if head is not None:
             group = q.shape[-3] // k.shape[-3]
             q, k = q[:, head : head + 1], k[:, head // group : head // group + 1]
-            if mask is not None and mask.dim() >= 3 and mask.shape[-3] > 1:
+            if isinstance(mask, torch.Tensor) and mask.dim() >= 3 and mask.shape[-3] > 1:
                 mask = mask[..., head : head + 1, :, :]
         w = attention_weights(
             q, k, mask, self.is_causal, self.scale, enable_gqa=head is None and self.enable_gqa
@@ -181,15 +186,13 @@ def _import_transformers() -> None:
     import transformers  # noqa: F401
 
 
-def attention_mask(*args: Any, **kwargs: Any) -> torch.Tensor | None:
-    """The mask function registered with our attention: transformers' ``sdpa_mask``, unchanged.
-
-    It returns a bool mask (B, 1, Tq, Tk), True = attend (padding, causal, sliding window, chunks …
-    combined), or ``None`` when the call can be described by ``is_causal`` alone (see the module doc).
+def attention_mask(*args: Any, **kwargs: Any) -> LazyMask:
+    """The mask function registered with our attention (``AttentionMaskInterface``, ``sdpa_mask``'s
+    signature): a :class:`~selfattention.hf_masks.LazyMask` — causal at the cache's offset, sliding
+    window, chunks or packed sequences as documents, padding as a key-only (B, 1, 1, Tk) mask, anything
+    else as a per-block predicate — never a dense (B, 1, Tq, Tk) tensor (see :mod:`selfattention.hf_masks`).
     """
-    from transformers.masking_utils import sdpa_mask
-
-    return sdpa_mask(*args, **kwargs)
+    return mask_function(*args, **kwargs)
 
 
 def register() -> str:
@@ -260,6 +263,15 @@ def _top_left(q_len: int, k_len: int, window: int | None, device: torch.device) 
     return Visibility(q_len, k_len, is_causal=True, window=window, q_offset=0).structure(device)
 
 
+def _recorded(lazy: LazyMask) -> tuple[torch.Tensor | None, bool]:
+    """(attn_mask, is_causal) of an AttentionCall for a lazy mask: O(Tk) when it can be, else dense."""
+    vis = lazy.visibility
+    bottom_right = not vis.is_causal or vis.offset == vis.k_len - vis.q_len
+    if vis.window is None and vis.q_doc is None and vis.mod is None and bottom_right:
+        return vis.attn_mask, vis.is_causal
+    return lazy.to_dense(), False
+
+
 def _check_number(name: str, value: Any) -> float:
     if (
         isinstance(value, bool)
@@ -313,7 +325,8 @@ def attention_forward(
     """
     _refuse_unknown(module, kwargs)
     want = wants_weights(kwargs)
-    if attention_mask is not None and not isinstance(attention_mask, torch.Tensor):
+    lazy = attention_mask if isinstance(attention_mask, LazyMask) else None
+    if attention_mask is not None and lazy is None and not isinstance(attention_mask, torch.Tensor):
         raise TypeError(
             f"attention_mask must be a torch.Tensor or None, got {type(attention_mask).__name__} (a "
             "flex-attention BlockMask comes from the 'flex_attention' mask function: register "
@@ -324,6 +337,44 @@ def attention_forward(
     if sliding_window is not None:
         sliding_window = int(_check_number("sliding_window", sliding_window))
     q_len, k_len = query.shape[-2], key.shape[-2]
+    training = bool(getattr(module, "training", False))
+    calls = None if torch.compiler.is_compiling() else _calls.get()  # (recording(): not in compiled graphs)
+    # the weights, a recording, per-query sinks and softcap with dropout take the materialising route
+    # (a recording of a lazy mask without softcap, sinks or bias keeps its Visibility: nothing materialised)
+    plain = softcap is None and s_aux is None and position_bias is None
+    dense = (
+        want
+        or (calls is not None and not (plain and lazy is not None))
+        or sinks is not None
+        or min(query.shape) == 0
+        or min(key.shape) == 0
+    )
+    dense = dense or (softcap is not None and training and dropout > 0) or torch.compiler.is_compiling()
+    dense = dense or BACKEND != "tiled"  # another backend chosen: it gets the dense mask, as before
+    sink = _sink_logits(s_aux, sinks, query)  # checked here, used below
+    fast = dict(dropout_p=check_dropout(dropout) if training else 0.0, softcap=softcap, s_aux=s_aux)
+    if lazy is not None:
+        if lazy.shape[-2:] != (q_len, k_len) or lazy.batch_size not in (1, query.shape[0]):
+            raise ValueError(
+                f"attention_mask is a LazyMask for (B, Tq, Tk) = ({lazy.batch_size}, {lazy.shape[-2]}, "
+                f"{lazy.shape[-1]}) but query/key have ({query.shape[0]}, {q_len}, {k_len})"
+            )
+        if not dense:
+            if calls is not None:
+                gqa = key.shape[-3] != query.shape[-3]
+                calls.append(AttentionCall(query, key, value, *_recorded(lazy), scaling, gqa, k_len))
+            context = engine_attention(
+                query,
+                key,
+                value,
+                lazy.visibility,
+                scaling,
+                position_bias=position_bias,
+                cache=lazy.cache,
+                **fast,
+            )
+            return context.transpose(1, 2).contiguous(), None
+        attention_mask = lazy.to_dense()
     full_k_len = k_len  # weights are returned over every key passed in, even the ones cut below
     mask = attention_mask
     causal = False
@@ -348,24 +399,27 @@ def attention_forward(
                 "defined; pass the mask (selfattention.hf.attention_mask builds it)"
             )
 
+    canonical = mask is None or (mask.dim() == 4 and mask.shape[0] in (1, query.shape[0]))
+    if not dense and canonical and (softcap is not None or position_bias is not None or s_aux is not None):
+        vis = Visibility(q_len, k_len, is_causal=causal, attn_mask=mask)
+        context = engine_attention(query, key, value, vis, scaling, position_bias=position_bias, **fast)
+        return context.transpose(1, 2).contiguous(), None
+
     scale = scaling
     bias = None
     if softcap is not None:
         # Gemma 2: scores = softcap · tanh(Q Kᵀ · scale / softcap); they enter the softmax as an additive
         # bias with the library's own scale set to 0 (so its Q Kᵀ term vanishes)
-        bias = _softcapped_scores(query, key, scaling, softcap)
+        bias = hf_dense.softcapped_scores(query, key, scaling, softcap)
         scale = 0.0
     if position_bias is not None:
         bias = position_bias if bias is None else bias + position_bias
-    sink = _sink_logits(s_aux, sinks, query)
     if bias is not None or sink is not None:
-        mask, causal = _additive(mask, bias, causal, q_len, k_len, query.device), False
+        mask, causal = hf_dense.additive_mask(mask, bias, causal, q_len, k_len, query.device), False
     if sink is not None:
-        mask, key, value = _with_sink(mask, sink, key, value, q_len, k_len)
+        mask, key, value = hf_dense.with_sink(mask, sink, key, value, q_len, k_len)
 
     enable_gqa = key.shape[-3] != query.shape[-3]
-    training = bool(getattr(module, "training", False))
-    calls = None if torch.compiler.is_compiling() else _calls.get()  # (recording(): not in compiled graphs)
     if calls is not None:
         calls.append(AttentionCall(query, key, value, mask, causal, scale, enable_gqa, k_len))
     weights = None
@@ -373,7 +427,7 @@ def attention_forward(
     if want:
         with _hooks.muted():
             steps = attention_steps(query, key, value, **args, training=training)
-        _hooks.record(_honest_steps(steps, softcap, scaling, sink is not None, k_len))
+        _hooks.record(hf_dense.honest_steps(steps, softcap, scaling, sink is not None, k_len))
         context = steps.context
         weights = steps.weights[..., :k_len].to(query.dtype)
         if full_k_len > k_len:  # keys of empty static-cache slots: weight 0
@@ -382,20 +436,6 @@ def attention_forward(
         context = scaled_dot_product_attention(query, key, value, **args, training=training, backend=BACKEND)
     # (B, H, Tq, Dv) -> (B, Tq, H, Dv): the layout transformers reshapes to (B, Tq, H·Dv)
     return context.transpose(1, 2).contiguous(), weights
-
-
-def _softcapped_scores(
-    query: torch.Tensor, key: torch.Tensor, scaling: float | None, softcap: float
-) -> torch.Tensor:
-    """softcap · tanh(Q Kᵀ · scale / softcap), (B, H, Tq, Tk), float32 at least; GQA key heads repeated."""
-    acc = torch.promote_types(query.dtype, torch.float32)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scaling is None else float(scaling)
-    if key.shape[-3] != query.shape[-3]:
-        key = key.repeat_interleave(
-            query.shape[-3] // key.shape[-3], dim=-3
-        )  # (B, Hkv, Tk, D) -> (B, H, Tk, D)
-    scores = query.to(acc) @ key.to(acc).transpose(-2, -1) * scale
-    return torch.tanh(scores / softcap) * softcap
 
 
 def _sink_logits(
@@ -415,80 +455,6 @@ def _sink_logits(
             raise ValueError(f"sinks must be a tensor of shape (B, H, Tq, 1), got {got}")
         return sinks
     return None
-
-
-def _additive(
-    mask: torch.Tensor | None,
-    bias: torch.Tensor | None,
-    causal: bool,
-    q_len: int,
-    k_len: int,
-    device: torch.device,
-) -> torch.Tensor:
-    """One float mask: ``bias`` (or 0) where ``mask`` lets a query attend, -inf where it hides the key.
-    ``causal`` (Tq == Tk here) is written into it too, so the mask alone says everything."""
-    if bias is None:
-        dtype = mask.dtype if mask is not None and mask.is_floating_point() else torch.float32
-        bias = torch.zeros((), dtype=dtype, device=device)
-    if mask is not None and mask.dtype == torch.bool:
-        out = torch.where(mask, bias, torch.full((), -math.inf, dtype=bias.dtype, device=device))
-    elif mask is not None:
-        out = bias + mask
-    else:
-        out = bias
-    if causal:
-        tri = torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()
-        out = torch.where(tri, out, torch.full((), -math.inf, dtype=out.dtype, device=device))
-    return out if out.dim() >= 2 else out.expand(q_len, k_len)
-
-
-def _with_sink(
-    mask: torch.Tensor,
-    sink: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    q_len: int,
-    k_len: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A sink is one more key that every query sees, with score ``sink`` and a zero value: append a zero
-    key/value and a mask column holding the sink logits."""
-    lead = torch.broadcast_shapes(mask.shape[:-2], sink.shape[:-2])
-    dtype = torch.promote_types(mask.dtype, sink.dtype)
-    body = mask.to(dtype).expand(*lead, q_len, k_len)
-    column = sink.to(dtype).expand(*lead, q_len, 1)
-    zeros_k = key.new_zeros((*key.shape[:-2], 1, key.shape[-1]))
-    zeros_v = value.new_zeros((*value.shape[:-2], 1, value.shape[-1]))
-    return (
-        torch.cat([body, column], dim=-1),  # (..., Tq, Tk + 1)
-        torch.cat([key, zeros_k], dim=-2),  # (B, Hkv, Tk + 1, D)
-        torch.cat([value, zeros_v], dim=-2),
-    )
-
-
-def _honest_steps(
-    steps: AttentionSteps, softcap: float | None, scaling: float | None, has_sink: bool, k_len: int
-) -> AttentionSteps:
-    """The steps as a trace should show them: the sink column dropped (its weight is what the row lacks
-    from 1), and with softcap the capped scores as ``scaled_scores`` and the model's scale."""
-    if softcap is not None:
-        capped = steps.masked_scores  # bias (capped scores) plus the mask, before -inf
-        steps = replace(
-            steps,
-            scaled_scores=torch.tanh(steps.scores * _scale_of(scaling, steps) / softcap) * softcap,
-            masked_scores=capped,
-            scale=_scale_of(scaling, steps),
-        )
-    if has_sink:
-        cut = {
-            name: getattr(steps, name)[..., :k_len]
-            for name in ("scores", "scaled_scores", "masked_scores", "visible", "weights")
-        }
-        steps = replace(steps, key=steps.key[..., :k_len, :], value=steps.value[..., :k_len, :], **cut)
-    return steps
-
-
-def _scale_of(scaling: float | None, steps: AttentionSteps) -> float:
-    return 1.0 / math.sqrt(steps.query.shape[-1]) if scaling is None else float(scaling)
 
 
 @contextmanager
