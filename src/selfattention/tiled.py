@@ -171,6 +171,8 @@ def _canonical(
             k_doc=docs[1] if docs[1] is not None else _doc_b(vis_in.k_doc, lead_b),
             attn_mask=mask4,
         )
+    elif window is None and docs[0] is None and docs[1] is None and mask4 is None:
+        vis = args.vis  # what parse_attention built: (Tq, Tk, is_causal), nothing else to add
     else:
         vis = Visibility(
             q_len, k_len, is_causal=is_causal, window=window, q_doc=docs[0], k_doc=docs[1], attn_mask=mask4
