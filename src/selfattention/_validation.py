@@ -143,8 +143,9 @@ def check_qkv(
             "looks at the values (masks, NaN checks), so move them to a real device"
         )
     # the rest is a pure function of the three shapes and enable_gqa: computed once per shape triple
-    # (a model calls the same shapes in every layer); under torch.jit.trace sizes may be tensors: no cache
-    tracing = torch.jit.is_tracing()
+    # (a model calls the same shapes in every layer); not while torch.compile traces (the dict would become
+    # a guard) nor under torch.jit.trace (sizes may be tensors)
+    tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
     shapes = (query.shape, key.shape, value.shape, enable_gqa)
     hit = None if tracing else _SHAPES.get(shapes)
     if hit is not None:
