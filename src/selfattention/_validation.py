@@ -142,6 +142,14 @@ def check_qkv(
             "query, key and value are on the meta device, which holds shapes but no values; attention "
             "looks at the values (masks, NaN checks), so move them to a real device"
         )
+    # the rest is a pure function of the three shapes and enable_gqa: computed once per shape triple
+    # (a model calls the same shapes in every layer); not while torch.compile traces (the dict would become
+    # a guard) nor under torch.jit.trace (sizes may be tensors)
+    tracing = torch.compiler.is_compiling() or torch.jit.is_tracing()
+    shapes = (query.shape, key.shape, value.shape, enable_gqa)
+    hit = None if tracing else _SHAPES.get(shapes)
+    if hit is not None:
+        return hit
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() < 2:
             raise ValueError(f"{name} must have at least 2 dims (..., T, D), got shape {_fmt(t.shape)}")
@@ -191,7 +199,17 @@ def check_qkv(
     q_len, k_len = query.shape[-2], key.shape[-2]
     if isinstance(q_len, torch.Tensor) or isinstance(k_len, torch.Tensor):
         q_len, k_len = int(q_len), int(k_len)
+    elif not tracing:
+        if len(_SHAPES) >= _SHAPES_MAX:
+            _SHAPES.clear()
+        _SHAPES[shapes] = (batch, q_len, k_len)
     return batch, q_len, k_len
+
+
+#: check_qkv's verdict by (query shape, key shape, value shape, enable_gqa): shapes that passed (an
+#: invalid triple raises and is never stored). Bounded; cleared when full.
+_SHAPES: dict[tuple, tuple[torch.Size, int, int]] = {}
+_SHAPES_MAX = 256
 
 
 def check_mask(

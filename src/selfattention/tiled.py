@@ -176,6 +176,8 @@ def _canonical(
             if vis_in.doc_offset is not None
             else _per_doc(document_ids, causal, w),
         )
+    elif window is None and docs[0] is None and docs[1] is None and mask4 is None:
+        vis = args.vis  # what parse_attention built: (Tq, Tk, is_causal), nothing else to add
     else:
         vis = Visibility(
             q_len, k_len, is_causal=is_causal, window=window, q_doc=docs[0], k_doc=docs[1], attn_mask=mask4,

@@ -249,11 +249,12 @@ def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
             # all-zero row of real data). One synchronisation for the common case (per-call cost matters
             # at small T): the output's sum is finite and no |lse| is 0, inf or NaN. (Not the signs of the
             # lse alone: the first rows of a causal problem see few keys, and their lse is often negative.)
-            lo, hi = torch.aminmax(l.abs())
-            low, high, total = torch.stack([lo, hi, o.sum().to(lo.dtype)]).tolist()
-            if not math.isfinite(total):
-                raise _NotFinite
-            if not (low > 0 and high < math.inf):
+            # One number says both: log|lse| is finite unless an lse is 0, ±inf or NaN (and never overflows
+            # a sum), so sum(out) + sum(log|lse|) is finite exactly when the common case holds (or a sum
+            # overflowed: then the precise checks below decide).
+            if not math.isfinite(l.abs().log_().sum().add_(o.sum()).item()):
+                if not math.isfinite(o.sum().item()):
+                    raise _NotFinite
                 empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
                 if seen is not None:
                     empty = empty & seen
@@ -398,6 +399,8 @@ def _dense_rows(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when each row (last dim) is dense and nothing is broadcast (a (B, T, H, D) view seen as
     (B, H, T, D), a slice of a KV cache), else a contiguous copy: the fused kernels take such strides as
     they are, and copying a cache's keys on every decode step costs more than the attention."""
+    if t.is_contiguous():
+        return t
     dense = t.stride(-1) == 1 and all(st > 0 for st, n in zip(t.stride(), t.shape, strict=True) if n > 1)
     return t if dense else t.contiguous()
 

@@ -223,7 +223,7 @@ def backward(
     if folded is not None:  # as in forward: q' = q · scale, so dq = scale · dq'
         q, scale = q * folded, 1.0
     # a row that sees nothing: P = exp(S − (+inf)) = 0 (its dout is 0 too)
-    lse = torch.where(lse == -math.inf, torch.full((), math.inf, dtype=lse.dtype, device=lse.device), lse)
+    lse = lse.nan_to_num(nan=math.nan, posinf=math.inf, neginf=math.inf)  # (one op: −inf → +inf)
     if q.device.type == "cpu":
         op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
         dq, dk, dv_ = op(
