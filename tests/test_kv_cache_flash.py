@@ -338,6 +338,11 @@ PAGED_BAD = [
     ([[0, 1], [2, -1]], r"block_table\[1, 1\] = -1 points outside"),
     ([[0, 0], [2, 3]], r"block_table row 0 uses page 0 twice"),
     ([[0, 1], [2, 1]], r"page 1 would be written by sequences 0 and 1"),
+    # sequence 0 appends at position 5 (page 1, slot 1) while sequence 1 reads page 1 as its first page
+    (
+        [[0, 1], [1, 3]],
+        r"page 1 would be written by sequence 0 while sequence 1 reads it \(block_table\[1, 0\]\)",
+    ),
 ]
 
 
