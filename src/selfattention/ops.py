@@ -75,6 +75,12 @@ def attention(
                 "a Visibility with document ids under torch.compile/export/vmap/trace: pass the dense bool "
                 "mask (visibility.to_mask()) instead"
             )
+        if attn_mask.mod is not None:  # the op's schema carries no predicate: refused, never dropped
+            raise NotImplementedError(
+                "a Visibility with a mask_mod/score_mod predicate (flex_attention's) under torch.compile/export/"
+                "vmap/trace: pass the dense bool mask (visibility.to_mask()) instead, or call "
+                "selfattention.flex.flex_attention"
+            )
         visibility, vis_causal = True, attn_mask.is_causal
         window, q_offset, attn_mask = attn_mask.window, attn_mask.q_offset, attn_mask.attn_mask
     if attn_mask is not None:
