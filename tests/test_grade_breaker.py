@@ -137,6 +137,28 @@ def test_prints_go_to_stderr_and_an_endless_loop_is_cut(tmp_path, capsys, monkey
     assert report.codes == ["exception"] and "TimeLimitExceeded" in report.findings[0].detail
 
 
+def test_an_additive_causal_mask_is_correct_even_where_every_key_is_visible():
+    # before the fix: the all-zero additive mask of (1, 5) read as a 0/1 mask with nothing visible, and a
+    # correct additive causal_mask came out "unrecognised"
+    def causal_mask(q_len, k_len):
+        keep = torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len)
+        return torch.zeros(q_len, k_len).masked_fill(~keep, float("-inf"))
+
+    report = grade(causal_mask)
+    assert report.passed and report.codes == [], report.codes
+
+    def top_left(q_len, k_len):
+        keep = torch.ones(q_len, k_len, dtype=torch.bool).tril()
+        return torch.zeros(q_len, k_len).masked_fill(~keep, float("-inf"))
+
+    assert grade(top_left, task="causal").codes == ["causal_top_left"]
+
+    def nothing_visible_01(q_len, k_len):  # a 0/1 mask of zeros still means nothing is visible
+        return torch.zeros(q_len, k_len)
+
+    assert not grade(nothing_visible_01, task="causal").passed
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="grade does not report a learner that modifies its inputs (q /= √d_k in place): each probe gets "
