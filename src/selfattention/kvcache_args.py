@@ -244,15 +244,17 @@ def _check_table(
                         f"page {p} would be written by sequences {writer[p]} and {b} (block_table[{b}, {j}]); "
                         "copy a shared page before appending to it"
                     )
-        # a page one sequence writes may not be read by another (its keys would change under it)
-        wp = torch.tensor(list(writer), dtype=table.dtype, device=table.device)
-        wb = torch.tensor(list(writer.values()), device=table.device)
-        hit = used[..., None] & (table[..., None] == wp)  # (B, P, W)
-        hit &= torch.arange(batch, device=table.device)[:, None, None] != wb
+        # a page one sequence writes may not be read by another (its keys would change under it): O(B × P)
+        owner = torch.full((num_pages,), -1, dtype=torch.long, device=table.device)
+        owner[torch.tensor(list(writer), dtype=torch.long, device=table.device)] = torch.tensor(
+            list(writer.values()), dtype=torch.long, device=table.device
+        )
+        who = owner[table.clamp(0, num_pages - 1)]  # (B, P): the sequence writing each entry's page, or −1
+        hit = used & (who >= 0) & (who != torch.arange(batch, device=table.device)[:, None])
         if bool(hit.any()):
-            b, j, w = (int(x) for x in hit.nonzero()[0])
+            b, j = (int(x) for x in hit.nonzero()[0])
             raise ValueError(
-                f"page {int(wp[w])} would be written by sequence {int(wb[w])} while sequence {b} reads it "
-                f"(block_table[{b}, {j}]); copy a shared page before appending to it"
+                f"page {int(table[b, j])} would be written by sequence {int(who[b, j])} while sequence {b} "
+                f"reads it (block_table[{b}, {j}]); copy a shared page before appending to it"
             )
     return n_used
