@@ -244,14 +244,16 @@ def _check_table(
                         f"page {p} would be written by sequences {writer[p]} and {b} (block_table[{b}, {j}]); "
                         "copy a shared page before appending to it"
                     )
-        # a page one sequence writes may not be read by another (its keys would change under it): O(B × P)
-        owner = torch.full((num_pages,), -1, dtype=torch.long, device=table.device)
-        owner[torch.tensor(list(writer), dtype=torch.long, device=table.device)] = torch.tensor(
-            list(writer.values()), dtype=torch.long, device=table.device
-        )
-        who = owner[table.clamp(0, num_pages - 1)]  # (B, P): the sequence writing each entry's page, or −1
-        hit = used & (who >= 0) & (who != torch.arange(batch, device=table.device)[:, None])
-        if bool(hit.any()):
+        # a page one sequence writes may not be read by another (its keys would change under it): pages
+        # written are referenced once in the used table (the writer's own entry), else find the reader
+        wp = torch.tensor(list(writer), dtype=torch.long, device=table.device)
+        written = torch.zeros(num_pages, dtype=torch.bool, device=table.device)
+        written[wp] = True
+        if int((used & written[table.clamp(0, num_pages - 1)]).sum()) > len(writer):
+            owner = torch.full((num_pages,), -1, dtype=torch.long, device=table.device)
+            owner[wp] = torch.tensor(list(writer.values()), dtype=torch.long, device=table.device)
+            who = owner[table.clamp(0, num_pages - 1)]  # (B, P): the page's writer, or −1
+            hit = used & (who >= 0) & (who != torch.arange(batch, device=table.device)[:, None])
             b, j = (int(x) for x in hit.nonzero()[0])
             raise ValueError(
                 f"page {int(table[b, j])} would be written by sequence {int(who[b, j])} while sequence {b} "
