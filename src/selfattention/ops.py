@@ -22,8 +22,8 @@ visibility, vis_causal, window?, q_offset?, backend, seed?) -> out``
 
 Dropout draws its masks from a seed passed to both ops (the backward replays the forward's masks).
 Not through the ops: a backward of the backward (``create_graph=True``), a
-:class:`~selfattention.visibility.Visibility` with document ids, and dropout under ``vmap`` (see
-docs/api.md, "Under torch.compile, export, vmap, trace").
+:class:`~selfattention.visibility.Visibility` with document ids or a flex predicate (``mod``), and dropout
+under ``vmap`` (see docs/api.md, "Under torch.compile, export, vmap, trace").
 """
 
 from __future__ import annotations
