@@ -319,6 +319,14 @@ BAD = [
         ValueError,
         r"rotary_dim = 2 × 3 exceeds head_dim 4",
     ),
+    (dict(softmax_scale=float("nan")), ValueError, r"softmax_scale must be finite, got nan"),
+    (dict(softmax_scale=float("inf")), ValueError, r"softmax_scale must be finite, got inf"),
+    (dict(softcap=float("inf")), ValueError, r"softcap must be a finite number >= 0.*inf"),
+    (
+        dict(alibi_slopes=torch.tensor([float("nan"), 1.0])),
+        ValueError,
+        r"alibi_slopes must be finite",
+    ),
 ]
 
 
@@ -338,6 +346,11 @@ PAGED_BAD = [
     ([[0, 1], [2, -1]], r"block_table\[1, 1\] = -1 points outside"),
     ([[0, 0], [2, 3]], r"block_table row 0 uses page 0 twice"),
     ([[0, 1], [2, 1]], r"page 1 would be written by sequences 0 and 1"),
+    # sequence 0 appends at position 5 (page 1, slot 1) while sequence 1 reads page 1 as its first page
+    (
+        [[0, 1], [1, 3]],
+        r"page 1 would be written by sequence 0 while sequence 1 reads it \(block_table\[1, 0\]\)",
+    ),
 ]
 
 
@@ -414,3 +427,14 @@ def test_device_mismatch_names_both_devices():
         flash_attn_with_kvcache(q.to("meta"), kc, vc)
     with pytest.raises(ValueError, match=r"k is on meta but the cache is on cpu"):
         flash_attn_with_kvcache(q, kc, vc, k.to("meta"), k.to("meta"), cache_seqlens=1)
+
+
+def test_an_expanded_cache_is_refused_for_writes():
+    # a stride-0 batch dim: both sequences' writes would land in one row (before the fix: accepted, silently)
+    q, kc, vc, k = _setup()
+    shared = kc[:1].expand(2, -1, -1, -1)
+    before = kc.clone()
+    with pytest.raises(ValueError, match=r"k_cache has stride 0 along a dimension"):
+        flash_attn_with_kvcache(q, shared, vc, k, k, cache_seqlens=torch.tensor([3, 5], dtype=I32))
+    assert torch.equal(kc, before)
+    flash_attn_with_kvcache(q, shared, vc, cache_seqlens=torch.tensor([3, 5], dtype=I32))  # reading is fine

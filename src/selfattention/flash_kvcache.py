@@ -308,6 +308,8 @@ def flash_attn_with_kvcache(
         scale = 1.0 / math.sqrt(dim) if dim else 1.0
     elif isinstance(softmax_scale, bool) or not isinstance(softmax_scale, int | float):
         raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+    elif not math.isfinite(softmax_scale):
+        raise ValueError(f"softmax_scale must be finite, got {softmax_scale!r}")
     else:
         scale = float(softmax_scale)
     dev = q.device

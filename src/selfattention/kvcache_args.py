@@ -93,6 +93,13 @@ def check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_
         if k.shape[1] != v.shape[1]:
             raise ValueError(f"k {_fmt(k.shape)} and v {_fmt(v.shape)} have different seqlen_new")
         new = k.shape[1]
+        for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if new and any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape, strict=True)):
+                raise ValueError(
+                    f"{name} has stride 0 along a dimension (an expanded view, strides {tuple(t.stride())}): "
+                    "writing the new keys/values into it would make several positions share memory; pass a "
+                    "real buffer (e.g. .contiguous())"
+                )
     dev = q.device
     paged = block_table is not None
     if paged:
@@ -162,8 +169,8 @@ def check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if causal:
         right = 0
-    if isinstance(softcap, bool) or not isinstance(softcap, int | float) or not softcap >= 0:
-        raise ValueError(f"softcap must be a number >= 0 (0 = off), got {softcap!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, int | float) or not 0 <= softcap < float("inf"):
+        raise ValueError(f"softcap must be a finite number >= 0 (0 = off), got {softcap!r}")
     if (rotary_cos is None) != (rotary_sin is None):
         raise ValueError("give both rotary_cos and rotary_sin, or neither")
     if rotary_cos is not None:
@@ -194,6 +201,8 @@ def check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_
             raise ValueError(
                 f"alibi_slopes must have shape ({heads},) or ({batch}, {heads}), got {_fmt(alibi_slopes.shape)}"
             )
+        if not bool(torch.isfinite(alibi_slopes).all()):
+            raise ValueError(f"alibi_slopes must be finite, got {alibi_slopes.tolist()}")
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
         raise ValueError(f"num_splits must be an int >= 0, got {num_splits!r}")
     return KVCacheArgs(batch, q_len, new, seqlens, leftpad, rows, capacity, page, pages, left, right)
@@ -235,4 +244,19 @@ def _check_table(
                         f"page {p} would be written by sequences {writer[p]} and {b} (block_table[{b}, {j}]); "
                         "copy a shared page before appending to it"
                     )
+        # a page one sequence writes may not be read by another (its keys would change under it): pages
+        # written are referenced once in the used table (the writer's own entry), else find the reader
+        wp = torch.tensor(list(writer), dtype=torch.long, device=table.device)
+        written = torch.zeros(num_pages, dtype=torch.bool, device=table.device)
+        written[wp] = True
+        if int((used & written[table.clamp(0, num_pages - 1)]).sum()) > len(writer):
+            owner = torch.full((num_pages,), -1, dtype=torch.long, device=table.device)
+            owner[wp] = torch.tensor(list(writer.values()), dtype=torch.long, device=table.device)
+            who = owner[table.clamp(0, num_pages - 1)]  # (B, P): the page's writer, or −1
+            hit = used & (who >= 0) & (who != torch.arange(batch, device=table.device)[:, None])
+            b, j = (int(x) for x in hit.nonzero()[0])
+            raise ValueError(
+                f"page {int(table[b, j])} would be written by sequence {int(who[b, j])} while sequence {b} "
+                f"reads it (block_table[{b}, {j}]); copy a shared page before appending to it"
+            )
     return n_used

@@ -22,8 +22,8 @@ visibility, vis_causal, window?, q_offset?, backend, seed?) -> out``
 
 Dropout draws its masks from a seed passed to both ops (the backward replays the forward's masks).
 Not through the ops: a backward of the backward (``create_graph=True``), a
-:class:`~selfattention.visibility.Visibility` with document ids, and dropout under ``vmap`` (see
-docs/api.md, "Under torch.compile, export, vmap, trace").
+:class:`~selfattention.visibility.Visibility` with document ids or a flex predicate (``mod``), and dropout
+under ``vmap`` (see docs/api.md, "Under torch.compile, export, vmap, trace").
 """
 
 from __future__ import annotations
@@ -74,6 +74,12 @@ def attention(
             raise NotImplementedError(
                 "a Visibility with document ids under torch.compile/export/vmap/trace: pass the dense bool "
                 "mask (visibility.to_mask()) instead"
+            )
+        if attn_mask.mod is not None:  # the op's schema carries no predicate: refused, never dropped
+            raise NotImplementedError(
+                "a Visibility with a mask_mod/score_mod predicate (flex_attention's) under torch.compile/export/"
+                "vmap/trace: pass the dense bool mask (visibility.to_mask()) instead, or call "
+                "selfattention.flex.flex_attention"
             )
         visibility, vis_causal = True, attn_mask.is_causal
         window, q_offset, attn_mask = attn_mask.window, attn_mask.q_offset, attn_mask.attn_mask

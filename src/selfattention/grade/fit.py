@@ -190,11 +190,12 @@ def time_limit(seconds: float | None) -> Iterator[None]:
 
 def run_safely(fn: Callable[[], Any]) -> Outcome:
     """``fn()`` as outputs, or the :class:`Raised` it raised (an endless loop: after :data:`TIME_LIMIT`
-    seconds, where a timer can interrupt it); never raises (but for KeyboardInterrupt)."""
+    seconds, where a timer can interrupt it); never raises (but for KeyboardInterrupt). A ``sys.exit`` in
+    the learner's code is a finding too (``SystemExit``), not the end of the grader."""
     try:
         with quiet(), torch.no_grad(), time_limit(TIME_LIMIT):
             return as_outputs(fn())
-    except Exception as e:  # the learner's exceptions are findings, never crashes
+    except (Exception, SystemExit) as e:  # the learner's exceptions are findings, never crashes
         return Raised(type(e).__name__, last_line_of(e))
 
 

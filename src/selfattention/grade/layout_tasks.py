@@ -31,6 +31,19 @@ def as_keep_mask(value: Any) -> torch.Tensor:
     raise ValueError(_("the mask holds values other than 0/1 or 0/−∞"))
 
 
+def _causal_call(fn: Any, args: tuple[Any, ...]) -> torch.Tensor:
+    """The learner's mask for ``args`` as a keep-mask. An all-zero float mask (every key visible, as
+    (1, 5) gives) reads the same as a 0/1 mask with nothing visible; the learner's own mask for a 3 × 3
+    problem (a hidden entry under every causal variant) tells which convention the zeros are written in."""
+    value = fn(*args)
+    m = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if m.dtype != torch.bool and m.numel() and bool((m == 0).all()):
+        other = torch.as_tensor(fn(*((3,) * len(args)))).to(torch.float64)
+        if bool((torch.isneginf(other) | (other <= -1e4)).any()):
+            return torch.ones(m.shape, dtype=torch.bool)  # additive: 0 = attend
+    return as_keep_mask(value)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # causal_mask(q_len, k_len) -> (Tq, Tk) bool, True = attend, bottom-right aligned
 
@@ -80,7 +93,7 @@ CAUSAL = Task(
     names=("causal_mask",),
     axes=_CAUSAL_AXES,
     probes=_causal_probes,
-    call=lambda fn, probe: as_keep_mask(fn(*probe.args)),
+    call=lambda fn, probe: _causal_call(fn, probe.args),
     reference=_causal_reference,
 )
 
