@@ -34,6 +34,7 @@ KEEP = [
     "Hugging Face",
     "transformers eager",
     "make zh",
+    "pip install",
     "lesson list",
     "lesson show",
     "lesson run",

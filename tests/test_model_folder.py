@@ -132,7 +132,12 @@ def test_report_with_model(folders, tmp_path, capsys):
         la, h = map(int, key.split("."))
         np.testing.assert_allclose(decode_array(rec["weights"]), eager[la, h].numpy(), atol=1e-6)
     link = strongest_link(eager, tokens, [t in ("[CLS]", "[SEP]") for t in tokens])
-    assert payload["initial"] == {"layer": link.layer, "head": link.head, "token": link.query}
+    assert payload["initial"] == {
+        "layer": link.layer,
+        "head": link.head,
+        "token": link.query,
+        "view": "tokens:raw",
+    }
     assert not any("within 0" in n for n in payload["notes"])
 
 
