@@ -172,6 +172,16 @@ def test_lang_zh_on_an_english_locale(monkeypatch, capsys):
     assert "注意力权重" in capsys.readouterr().out
 
 
+def test_two_token_notes_follow_the_language(monkeypatch, capsys):
+    """The example's own note beside the printed 1/√2 (text / text_zh in two-token.toml) is translated."""
+    monkeypatch.setenv("COLUMNS", "200")
+    assert main(["--lang", "zh", "demo", "--example", "two-token"]) == 0
+    out = capsys.readouterr().out
+    assert "（讲义写作 √2 ≈ 1.414）" in out and "lecture prints" not in out
+    assert main(["--lang", "en", "demo", "--example", "two-token"]) == 0
+    assert "(the lecture prints √2 ≈ 1.414)" in capsys.readouterr().out
+
+
 def test_lang_alone_shows_the_help(capsys):
     assert main(["--lang", "zh"]) == 0
     assert "按讲义实现的自注意力" in capsys.readouterr().out

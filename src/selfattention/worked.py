@@ -21,7 +21,7 @@ File format (``kind = "simple"``: lecture 000's query = key = value = inputs, no
     at = [0, 0]            # row (query token), column; [i] for normaliser; omit for scale
     value = "0.670"        # a string keeps the decimals shown ("0.670" = 3 decimals); or a number plus
     text = "weight(1,1)"   #   decimals = 3
-                           # optional: text (the sentence in the source), decimals
+                           # optional: text (the sentence in the source), text_zh, decimals
     # optional top-level: name, source, scale (default 1 for simple, 1/√d_k for qkv), focus (a token
     # index whose weighted sum the demo writes out)
 
@@ -87,6 +87,11 @@ class PrintedNumber:
     printed: float
     decimals: int
     text: str = ""
+    text_zh: str = ""  # the text in Chinese, shown under --lang zh when the file has one
+
+    def display_text(self) -> str:
+        """The text in the interface language: ``text_zh`` under ``--lang zh`` when the file has one."""
+        return self.text_zh if language() == "zh" and self.text_zh else self.text
 
 
 @dataclass(frozen=True)
@@ -432,5 +437,10 @@ def _parse_printed(entry: object, i: int, where: Path) -> PrintedNumber:
             )
         )
     return PrintedNumber(
-        step=step, at=tuple(at), printed=printed, decimals=decimals, text=str(entry.get("text", ""))
+        step=step,
+        at=tuple(at),
+        printed=printed,
+        decimals=decimals,
+        text=str(entry.get("text", "")),
+        text_zh=str(entry.get("text_zh", "")),
     )
