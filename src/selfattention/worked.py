@@ -37,6 +37,7 @@ Source of the shipped examples: lecture 000 (``journey``) and lecture 003 (``two
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -259,8 +260,19 @@ def load_example(name_or_path: str | Path) -> WorkedExample:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise WorkedExampleError(_("{where}: malformed TOML: {error}").format(where=where, error=e)) from None
+        raise WorkedExampleError(_toml_error(where, e)) from None
     return _parse(data, where)
+
+
+def _toml_error(where, e: tomllib.TOMLDecodeError) -> str:
+    """tomllib's English message as the detail of a translated sentence that names the line and column."""
+    found = re.fullmatch(r"(.*) \(at line (\d+), column (\d+)\)", str(e), flags=re.DOTALL)
+    if found is None:
+        return _("{where}: malformed TOML ({error})").format(where=where, error=e)
+    detail, line, column = found.groups()
+    return _("{where}: malformed TOML at line {line}, column {column} ({error})").format(
+        where=where, line=line, column=column, error=detail
+    )
 
 
 def _matrix(data: dict, key: str, where: Path, required: bool = True) -> torch.Tensor | None:
