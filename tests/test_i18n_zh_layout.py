@@ -49,6 +49,8 @@ KEEP = [
     "encoder-decoder",
     "nats/字符",
     "file://",
+    "pip install jieba",
+    "pip install",
 ]
 _CODE = re.compile(
     r"selfattention(?: [a-z]+)?"  # the program and its commands
