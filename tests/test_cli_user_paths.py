@@ -117,6 +117,45 @@ def test_the_issue_s_busy_machine_is_called_noisy():
     assert "3.6× the time of the cached run" in line and "median of 3 interleaved pairs" in line
 
 
+def test_a_time_budget_stops_the_pairs_and_the_verdict_says_so():
+    """The new user's busy machine: 74 s cached, 111 s recomputed; a 60 s budget stops after one pair."""
+    seen = []
+    c = timing.compare(
+        _fake([73.9, 70.0, 70.0]),
+        _fake([111.2, 100.0, 100.0]),
+        rounds=3,
+        budget_s=60,
+        on_run=lambda n, which, secs: seen.append((n, which, secs)),
+    )
+    assert c.cut_short and c.rounds == 1 and seen == [(1, 0, 73.9), (1, 1, 111.2)]
+    from selfattention.commands.generate import _timing_verdict
+
+    line = _timing_verdict(c)
+    assert "too busy to compare their speed" in line and "after 1 of 3 interleaved pairs (185 s" in line
+    with i18n.use_language("zh"):
+        assert "机器太忙" in _timing_verdict(c) and "too busy" not in _timing_verdict(c)
+    quick = timing.compare(_fake([1.0, 1.1, 0.9]), _fake([3.6, 3.9, 3.4]), rounds=3, budget_s=60)
+    assert quick.rounds == 3 and not quick.cut_short
+    with pytest.raises(ValueError, match="budget_s must be > 0"):
+        timing.compare(_fake([]), _fake([]), budget_s=0)
+
+
+def test_generate_check_prints_a_line_per_timed_run(tmp_path, capsys):
+    import torch
+
+    from selfattention.decoder import CharTokenizer, Decoder, DecoderConfig, save_checkpoint
+
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig(vocab_size=13, context=48, d_model=24, num_heads=4, num_layers=2)).eval()
+    path, _ = save_checkpoint(model, CharTokenizer("abcdefghijkl "), tmp_path / "m.safetensors")
+    assert main(["generate", "-p", "abc", "-n", "5", "--check", "--checkpoint", str(path)]) == 0
+    got = capsys.readouterr()
+    assert "timing up to 3 pairs" in got.err
+    for n in (1, 2, 3):
+        assert f"pair {n}/3: cached run" in got.err and f"pair {n}/3: recomputed run" in got.err
+    assert "PASS: identical tokens" in got.out and "pair 1/3" not in got.out
+
+
 def test_rounds_must_be_positive():
     with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
         timing.compare(_fake([]), _fake([]), rounds=0)

@@ -258,3 +258,23 @@ def test_the_report_opens_on_it_in_the_built_in_sentence(default_run):
         decode_array(payload["exact"]["3.1"]["weights"]).tobytes()
         == default_run.attentions[3, 1].numpy().tobytes()
     )
+
+
+def test_weight_table_never_shortens_a_token():
+    """Column headers and row labels are whole tokens ("because", not "becau…"); fewer columns fit."""
+    from rich.console import Console
+
+    tokens = ["[CLS]", "the", "animal", "because", "internationalization", "苹果", "it", "[SEP]"]
+    weights = torch.softmax(
+        torch.randn(len(tokens), len(tokens), generator=torch.Generator().manual_seed(0)), -1
+    )
+    for width in (40, 60, 80):
+        n_cols = explain_cmd.columns_that_fit(width, tokens, len(tokens))
+        term = Console(width=width, record=True, color_system=None)
+        term.print(explain_cmd.weight_table(weights, tokens, len(tokens), n_cols, "t"))
+        text = term.export_text()
+        assert "…" not in text, (width, text)
+        assert all(len(line.rstrip()) <= width for line in text.splitlines()), (width, text)
+        header = text.splitlines()[1].split()
+        assert header[: min(n_cols, 4)] == tokens[: min(n_cols, 4)], (width, header)
+        assert "4 internationalization" in text

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from selfattention import i18n
-from selfattention.grade import MISTAKES, TASKS, grade, grade_file
+from selfattention.grade import MISTAKES, TASKS, FileSyntaxError, grade, grade_file
 from selfattention.grade.attention_tasks import DECODE, SDPA, SIMPLE, attend, projections
 from selfattention.grade.fit import configs
 from selfattention.grade.layout_tasks import CAUSAL, HEADS, as_keep_mask
@@ -233,11 +233,18 @@ def test_learner_exception_is_a_finding():
 def test_file_that_fails_to_load(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def simple_attention(X):\n    return X +\n", encoding="utf-8")
-    report = grade_file(bad, task="simple")
-    assert report.codes == ["exception"] and "SyntaxError" in report.findings[0].detail
+    with pytest.raises(FileSyntaxError, match=r"bad\.py, line 2, column \d+: not valid Python") as e:
+        grade_file(bad, task="simple")
+    assert e.value.line == 2 and e.value.file == str(bad)
     crash = tmp_path / "crash.py"
     crash.write_text("import torch\nraise RuntimeError('at import')\n", encoding="utf-8")
     assert "RuntimeError: at import" in grade_file(crash, task="sdpa").findings[0].detail
+    named = tmp_path / "named.py"  # raises while it runs: the task is read from its source, never "?"
+    named.write_text(
+        "raise RuntimeError('early')\ndef simple_attention(X):\n    return X\n", encoding="utf-8"
+    )
+    report = grade_file(named)
+    assert report.task == "simple_attention" and report.lecture == "000" and report.codes == ["exception"]
 
 
 def test_wrong_shape_and_unrecognised():

@@ -35,6 +35,22 @@ def test_cli_chinese(capsys):
     assert "The scores" not in out and "result:" not in out
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_cli_syntax_error_is_a_usage_error_naming_line_and_column(lang, tmp_path, capsys):
+    bad = tmp_path / "syntax.py"
+    bad.write_text("import torch\n\ndef simple_attention(X)\n    return X\n", encoding="utf-8")
+    assert main(["--lang", lang, "grade", str(bad)]) == 2
+    got = capsys.readouterr()
+    assert "?" not in got.out and "0 of 0" not in got.out and "expects" not in got.out
+    assert str(bad) in got.err and "3" in got.err and "24" in got.err and "expected ':'" in got.err
+    if lang == "zh":
+        assert "第 3 行" in got.err and "not valid" not in got.err
+    assert main(["--lang", lang, "grade", "--json", "-", str(bad)]) == 2
+    data = json.loads(capsys.readouterr().out)
+    assert (data["file"], data["line"], data["column"], data["message"]) == (str(bad), 3, 24, "expected ':'")
+    assert str(bad) in data["error"] and "task" not in data
+
+
 def test_cli_usage_errors(tmp_path, capsys):
     assert main(["grade", str(tmp_path / "missing.py")]) == 2
     assert main(["grade", str(GALLERY / "right_01_loops.py"), "--task", "nope"]) == 2

@@ -172,6 +172,19 @@ def test_lang_zh_on_an_english_locale(monkeypatch, capsys):
     assert "注意力权重" in capsys.readouterr().out
 
 
+def test_two_token_notes_follow_the_language(monkeypatch, capsys):
+    """The example's own note beside the printed 1/√2 (text / text_zh in two-token.toml) is translated."""
+
+    def joined(text):  # the note may wrap inside its table cell
+        return "".join(text.split())
+
+    assert main(["--lang", "zh", "demo", "--example", "two-token"]) == 0
+    out = joined(capsys.readouterr().out)
+    assert joined("（讲义写作 √2 ≈ 1.414）") in out and "lectureprints" not in out
+    assert main(["--lang", "en", "demo", "--example", "two-token"]) == 0
+    assert joined("(the lecture prints √2 ≈ 1.414)") in joined(capsys.readouterr().out)
+
+
 def test_lang_alone_shows_the_help(capsys):
     assert main(["--lang", "zh"]) == 0
     assert "按讲义实现的自注意力" in capsys.readouterr().out

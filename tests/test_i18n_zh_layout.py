@@ -50,6 +50,8 @@ KEEP = [
     "encoder-decoder",
     "nats/字符",
     "file://",
+    "pip install jieba",
+    "pip install",
 ]
 _CODE = re.compile(
     r"selfattention(?: [a-z]+)?"  # the program and its commands
@@ -341,3 +343,50 @@ def test_chinese_wrapping_rules():
         assert any("all-MiniLM-L6-v2" in line for line in lines), (width, lines)
     english = "Show this message and exit. Default: from the locale (LANGUAGE, LC_ALL); e.g. LANG=zh_CN.UTF-8"
     assert list(_wrap.cjk_words(english)) == list(_wrap._original(english))
+
+
+def test_explain_title_keeps_max_value_whole_and_adds_no_space():
+    """``高亮 = 行最大值`` (the heat map's title, wrapped at the table's width): 最大值 never split, and the
+    wrapped lines put together are the message itself (no space inserted at a break)."""
+    from rich.console import Console
+    from rich.text import Text
+
+    from selfattention.commands import _wrap
+
+    _wrap.install()
+    with i18n.use_language("zh"):
+        title = i18n._("weights of our attention: row = query, sums to 1; highlighted = row max")
+    assert title.replace(_wrap.WORD_JOINER, "").endswith("行最大值")
+    term = Console(width=200)
+    for width in range(10, 60):
+        lines = [line.plain.rstrip() for line in Text(title).wrap(term, width)]
+        assert "".join("".join(lines).split()) == "".join(title.split()), (width, lines)
+        assert all(line.strip() in title for line in lines), (width, lines)  # nothing inserted
+        assert any(line.replace(_wrap.WORD_JOINER, "").endswith("最大值") for line in lines), (width, lines)
+
+
+def test_malformed_toml_in_chinese_frames_tomllib_detail(tmp_path, capsys):
+    """tomllib's English detail stays, in parentheses, inside a Chinese sentence naming line and column."""
+    bad = tmp_path / "broken.toml"
+    bad.write_text('title = "x\n', encoding="utf-8")
+    assert main(["--lang", "zh", "check", str(bad)]) == 2
+    err = " ".join(capsys.readouterr().err.split()).replace(str(bad), "FILE")
+    assert "TOML 格式错误，在第 1 行第 11 列（" in err and "Illegal character" in err, err
+    assert "at line" not in err and "malformed" not in err
+    assert main(["--lang", "en", "check", str(bad)]) == 2
+    assert "malformed TOML at line 1, column 11 (Illegal character" in " ".join(
+        capsys.readouterr().err.split()
+    )
+
+
+def test_generate_sampling_line_uses_full_width_commas():
+    from selfattention.decoder.sampling import Sampling
+
+    with i18n.use_language("zh"):
+        line = Sampling(temperature=0.6, top_k=40, top_p=0.9, seed=0).describe()
+    assert line == "采样：温度 0.6，top-k 40，top-p 0.9，种子 0", line
+    with i18n.use_language("en"):
+        assert (
+            Sampling(temperature=0.6, top_k=40, seed=0).describe()
+            == "sampled: temperature 0.6, top-k 40, seed 0"
+        )

@@ -26,6 +26,10 @@ Differences from torch's flex (documented, tested): the backward works on CPU; `
 Triton tuning knobs, accepted and ignored (they do not change results), unknown keys raise;
 ``max_scores`` is supported (torch raises on CPU) and sends the call to the score-mod kernel; the BlockMask
 must have been made for exactly (Q_LEN, KV_LEN).
+
+Under ``torch.compile`` / ``torch.export`` / ``torch.func`` transforms (:func:`selfattention._validation.symbolic`)
+the call is torch's own ``flex_attention`` with the same arguments (our :func:`create_block_mask` returns
+torch's ``BlockMask``): torch's compiled flex is the vendor kernel there, with torch's limits (see docs/flex.md).
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch.nn.attention.flex_attention import AuxOutput, AuxRequest, BlockMask
+from torch.nn.attention.flex_attention import flex_attention as _torch_flex
 
+from ._validation import symbolic
 from .kernels import engine, scored
 from .kernels.plan import row_spans
 from .mods import ScoreMod, and_masks, noop_mask, or_masks, visibility_fields
@@ -404,6 +410,9 @@ def flex_attention(
               [0.6605, 1.3395]]]])
     """
     _check_qkv(query, key, value, enable_gqa)
+    if symbolic():  # torch.compile / export / vmap: torch's own flex is the vendor kernel there
+        return _torch_flex(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
+                           kernel_options, return_aux=return_aux)  # fmt: skip
     _check_options(kernel_options)
     if return_lse and return_aux is not None:
         raise ValueError("give return_lse or return_aux=AuxRequest(lse=True), not both")

@@ -21,7 +21,7 @@ File format (``kind = "simple"``: lecture 000's query = key = value = inputs, no
     at = [0, 0]            # row (query token), column; [i] for normaliser; omit for scale
     value = "0.670"        # a string keeps the decimals shown ("0.670" = 3 decimals); or a number plus
     text = "weight(1,1)"   #   decimals = 3
-                           # optional: text (the sentence in the source), decimals
+                           # optional: text (the sentence in the source), text_zh, decimals
     # optional top-level: name, source, scale (default 1 for simple, 1/√d_k for qkv), focus (a token
     # index whose weighted sum the demo writes out)
 
@@ -37,6 +37,7 @@ Source of the shipped examples: lecture 000 (``journey``) and lecture 003 (``two
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field
 from importlib import resources
@@ -87,6 +88,11 @@ class PrintedNumber:
     printed: float
     decimals: int
     text: str = ""
+    text_zh: str = ""  # the text in Chinese, shown under --lang zh when the file has one
+
+    def display_text(self) -> str:
+        """The text in the interface language: ``text_zh`` under ``--lang zh`` when the file has one."""
+        return self.text_zh if language() == "zh" and self.text_zh else self.text
 
 
 @dataclass(frozen=True)
@@ -254,8 +260,19 @@ def load_example(name_or_path: str | Path) -> WorkedExample:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise WorkedExampleError(_("{where}: malformed TOML: {error}").format(where=where, error=e)) from None
+        raise WorkedExampleError(_toml_error(where, e)) from None
     return _parse(data, where)
+
+
+def _toml_error(where, e: tomllib.TOMLDecodeError) -> str:
+    """tomllib's English message as the detail of a translated sentence that names the line and column."""
+    found = re.fullmatch(r"(.*) \(at line (\d+), column (\d+)\)", str(e), flags=re.DOTALL)
+    if found is None:
+        return _("{where}: malformed TOML ({error})").format(where=where, error=e)
+    detail, line, column = found.groups()
+    return _("{where}: malformed TOML at line {line}, column {column} ({error})").format(
+        where=where, line=line, column=column, error=detail
+    )
 
 
 def _matrix(data: dict, key: str, where: Path, required: bool = True) -> torch.Tensor | None:
@@ -432,5 +449,10 @@ def _parse_printed(entry: object, i: int, where: Path) -> PrintedNumber:
             )
         )
     return PrintedNumber(
-        step=step, at=tuple(at), printed=printed, decimals=decimals, text=str(entry.get("text", ""))
+        step=step,
+        at=tuple(at),
+        printed=printed,
+        decimals=decimals,
+        text=str(entry.get("text", "")),
+        text_zh=str(entry.get("text_zh", "")),
     )

@@ -9,7 +9,9 @@ one function its wrapping asks where words are) the break opportunities of Chine
   ``的token`` alike);
 - never before closing punctuation (``，。、；：！？）」』》】”’…``) nor after opening punctuation
   (``（「『《【“‘``), the basic rule of Chinese line breaking (GB/T 15834, JIS X 4051 "kinsoku");
-- never inside a Latin word, a number or a code name (``all-MiniLM-L6-v2``, ``--model``).
+- never inside a Latin word, a number or a code name (``all-MiniLM-L6-v2``, ``--model``);
+- never next to a WORD JOINER (U+2060, zero cells wide): the catalog writes a term that must stay
+  whole as ``最\u2060大\u2060值``.
 
 English text has no CJK characters and is split exactly as before. rich's ``Text.rstrip_end`` (which
 drops the white space a wrapped line ends with) compares characters with cells, so a Chinese line
@@ -20,6 +22,8 @@ keeps its own overflow).
 
 >>> [w for _s, _e, w in cjk_words("在 TEXT 上运行，每个token。")]
 ['在 ', 'TEXT ', '上', '运', '行，', '每', '个', 'token。']
+>>> [w for _s, _e, w in cjk_words("行最\u2060大\u2060值")] == ["行", "最\u2060大\u2060值"]
+True
 >>> [w for _s, _e, w in cjk_words("an all-MiniLM-L6-v2 model")]
 ['an ', 'all-MiniLM-L6-v2 ', 'model']
 """
@@ -31,12 +35,15 @@ from collections.abc import Callable, Iterator
 
 from rich.cells import cell_len, get_character_cell_size
 
-__all__ = ["CLOSING", "OPENING", "cjk_words", "install", "is_cjk"]
+__all__ = ["CLOSING", "OPENING", "WORD_JOINER", "cjk_words", "install", "is_cjk"]
 
 #: may not begin a line: they stay with the character before them
 CLOSING = frozenset("，。、；：！？）」』》〉】〕”’…·%％,.;:!?)]}")
 #: may not end a line: they stay with the character after them
 OPENING = frozenset("（「『《〈【〔“‘([{")
+
+#: U+2060: no line break on either side of it (invisible, zero cells)
+WORD_JOINER = "\u2060"
 
 _WORD = re.compile(r"\s*\S+\s*")
 
@@ -55,7 +62,7 @@ def _breaks(word: str) -> Iterator[int]:
     """Offsets inside ``word`` (no white space in it, except at its ends) where a line may break."""
     for i in range(1, len(word)):
         before, after = word[i - 1], word[i]
-        if after.isspace() or before.isspace():
+        if after.isspace() or before.isspace() or WORD_JOINER in (before, after):
             continue
         if not (is_cjk(before) or is_cjk(after)):
             continue  # inside a Latin word, a number, a code name

@@ -62,7 +62,7 @@ def check_table(example: WorkedExample, results: list[CheckResult] | None = None
             f"{r.error:+.{n.decimals + 2}f}",
             _(STATUS_TEXT.get(r.status, r.status)),
         ]
-        rows.append((cells, n.text, _STYLE.get(r.status, "")))
+        rows.append((cells, n.display_text(), _STYLE.get(r.status, "")))
     heads = [_("step[at]"), _("printed"), _("exact"), _("error"), _("verdict")]
     table = Table(
         title=_("every number the text prints, recomputed"), title_justify="left", box=None, pad_edge=False

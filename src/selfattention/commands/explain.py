@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import typer
+from rich.cells import cell_len
 from rich.markup import escape
 from rich.panel import Panel
 from rich.table import Table
@@ -65,10 +66,6 @@ def _fmt_tokens(tokens: list[str]) -> list[str]:
     return [f"{i} {t}" for i, t in enumerate(tokens)]
 
 
-def _short(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
 def _cell(v: float, is_max: bool) -> str:
     s = f"{v:.2f}"
     if is_max:
@@ -78,17 +75,17 @@ def _cell(v: float, is_max: bool) -> str:
     return s
 
 
-_HEADER_CHARS = 6  # key tokens longer than this are shortened in the table header
-_LABEL_CHARS = 16  # and query labels to this
+# Tokens are never shortened ("becau…"): a column is as wide as its token; fewer columns fit, and the
+# 'rest' column holds the weight on the others.
 
 
 def columns_that_fit(width: int, tokens: list[str], n_rows: int) -> int:
     """How many key columns of the weight table fit a console ``width`` (at least 2)."""
-    label = max(len(_short(f"{i} {t}", _LABEL_CHARS)) for i, t in enumerate(tokens[:n_rows])) + 1
+    label = max(cell_len(f"{i} {t}") for i, t in enumerate(tokens[:n_rows])) + 1
     rest = 5  # the 'rest' column, needed as soon as one column is left out
     used, n = label, 0
     for t in tokens:
-        used += max(4, len(_short(t, _HEADER_CHARS))) + 1  # one space of left padding
+        used += max(4, cell_len(t)) + 1  # one space of left padding
         if used > width - (rest if n + 1 < len(tokens) else 0):
             break
         n += 1
@@ -104,7 +101,7 @@ def weight_table(weights, tokens: list[str], n_rows: int, n_cols: int, title: st
     )
     table.add_column("", style="bold", no_wrap=True)
     for j in range(n_cols):
-        table.add_column(escape(_short(tokens[j], _HEADER_CHARS)), justify="right", no_wrap=True, min_width=4)
+        table.add_column(escape(tokens[j]), justify="right", no_wrap=True, min_width=4)
     if n_cols < T:
         table.add_column(_("rest"), justify="right", style="italic", no_wrap=True)
     for i in range(n_rows):
@@ -113,7 +110,7 @@ def weight_table(weights, tokens: list[str], n_rows: int, n_cols: int, title: st
         cells = [_cell(float(row[j]), j == top) for j in range(n_cols)]
         if n_cols < T:
             cells.append(f"{float(row[n_cols:].sum()):.2f}")
-        table.add_row(escape(_short(f"{i} {tokens[i]}", _LABEL_CHARS)), *cells)
+        table.add_row(escape(f"{i} {tokens[i]}"), *cells)
     return table
 
 

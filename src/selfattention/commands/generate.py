@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from ..i18n import N_, _
-from . import UsageError, console
+from . import UsageError, console, err_console
 
 # The defaults of `generate`: sampled, sharpened (0.6 keeps this small model on words; 0.8 often wanders into
 # the grammar blocks of its training text), from a fixed seed (the same text every run).
@@ -27,12 +27,26 @@ def _timed_generate(model, prompt_ids, tokens: int, use_cache: bool, sampling):
 
 #: ``--check``: how many cached/recomputed pairs are timed (interleaved; the median ratio is reported)
 CHECK_ROUNDS = 3
+#: ``--check``: no new pair starts once the timed runs took this many seconds (a busy machine: one pair)
+CHECK_BUDGET_S = 60.0
 
 
 def _timing_verdict(timing) -> str:
     """The PASS line of ``--check``: the median ratio of the interleaved pairs, or that the machine was too
     noisy to tell which run is faster."""
     lo, hi = min(timing.ratios), max(timing.ratios)
+    if timing.cut_short:
+        return _(
+            "[bold green]PASS[/bold green]: identical tokens with and without the cache; the machine was too "
+            "busy to compare their speed: the timing stopped after {rounds} of {wanted} interleaved pairs "
+            "({secs:.0f} s, recompute / cached: {lo:.1f}× to {hi:.1f}×)"
+        ).format(
+            rounds=timing.rounds,
+            wanted=CHECK_ROUNDS,
+            secs=sum(timing.first_seconds) + sum(timing.second_seconds),
+            lo=lo,
+            hi=hi,
+        )
     if timing.noisy:
         return _(
             "[bold green]PASS[/bold green]: identical tokens with and without the cache; the machine was too "
@@ -43,6 +57,16 @@ def _timing_verdict(timing) -> str:
         "[bold green]PASS[/bold green]: identical tokens with and without the cache; recomputing took "
         "{ratio:.1f}× the time of the cached run (median of {rounds} interleaved pairs, {lo:.1f}× to {hi:.1f}×)"
     ).format(ratio=timing.median_ratio, rounds=timing.rounds, lo=lo, hi=hi)
+
+
+def _progress(round_: int, which: int, secs: float) -> None:
+    """One line on stderr per timed run of --check (stdout keeps the result only)."""
+    line = (
+        _("[dim]  pair {round}/{rounds}: cached run {secs:.1f} s[/dim]")
+        if which == 0
+        else _("[dim]  pair {round}/{rounds}: recomputed run {secs:.1f} s[/dim]")
+    )
+    err_console.print(line.format(round=round_, rounds=CHECK_ROUNDS, secs=secs), highlight=False)
 
 
 def _sampling(greedy: bool, temperature: float | None, top_k: int | None, top_p: float | None, seed: int):
@@ -192,10 +216,19 @@ def generate_cmd(
     if check:  # cached and recomputed runs interleaved, CHECK_ROUNDS pairs: a busy machine hits both alike
         from .timing import compare
 
+        err_console.print(
+            _(
+                "[dim]--check: timing up to {rounds} pairs of a cached and a recomputed run, one after the "
+                "other (no new pair after {budget:.0f} s)…[/dim]"
+            ).format(rounds=CHECK_ROUNDS, budget=CHECK_BUDGET_S),
+            highlight=False,
+        )
         timing = compare(
             lambda: _timed_generate(model, ids, tokens, True, sampling),
             lambda: _timed_generate(model, ids, tokens, False, sampling),
             rounds=CHECK_ROUNDS,
+            budget_s=CHECK_BUDGET_S,
+            on_run=_progress,
         )
         secs = timing.median_seconds()
         results = {True: (timing.first_values[0], secs[0]), False: (timing.second_values[0], secs[1])}

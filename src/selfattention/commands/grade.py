@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import unicodedata
 from pathlib import Path
@@ -100,7 +101,7 @@ def grade_command(
         help=N_("Also write the report as JSON to PATH (- for stdout: then no text is printed)."),
     ),
 ) -> None:
-    from ..grade import grade_file, resolve_task
+    from ..grade import FileSyntaxError, grade_file, resolve_task
 
     if task is not None:
         resolve_task(task)  # an unknown --task is a usage error before the learner's code runs
@@ -110,7 +111,16 @@ def grade_command(
         raise UsageError(_("{path} is not a Python file (.py)").format(path=file))
     if json_out not in (None, "-") and not Path(json_out).parent.is_dir():
         raise UsageError(_("--json: the folder of {path} does not exist").format(path=json_out))
-    report = grade_file(file, task)
+    try:
+        report = grade_file(file, task)
+    except FileSyntaxError as e:  # a usage error (exit 2); --json gets {"error": ..., "line": ...}
+        if json_out is not None:
+            text = json.dumps(e.to_dict(), ensure_ascii=False, indent=2) + "\n"
+            if json_out == "-":
+                sys.stdout.write(text)
+                raise typer.Exit(2) from None
+            Path(json_out).write_text(text, encoding="utf-8")
+        raise UsageError(str(e)) from None
     if json_out == "-":
         sys.stdout.write(report.to_json() + "\n")
     else:

@@ -91,7 +91,7 @@ class Sampling:
             parts.append(f"top-k {self.top_k}")
         if self.top_p < 1:
             parts.append(f"top-p {self.top_p:g}")
-        return _("sampled: {parts}, seed {seed}").format(parts=", ".join(parts), seed=self.seed)
+        return _("sampled: {parts}, seed {seed}").format(parts=_(", ").join(parts), seed=self.seed)
 
 
 GREEDY = Sampling()

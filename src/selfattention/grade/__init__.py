@@ -51,13 +51,14 @@ from .fit import (
 )
 from .fit import fit as fit_mistakes  # the name `fit` stays the module (selfattention.grade.fit.TIME_LIMIT)
 from .layout_tasks import CAUSAL, HEADS
-from .loader import detect_tasks, load_file
+from .loader import FileSyntaxError, detect_tasks, load_file, tasks_in_source
 from .mistakes import MISTAKES, Mistake, passage
 from .report import Finding, ProbeResult, Report
 
 __all__ = [
     "MISTAKES",
     "TASKS",
+    "FileSyntaxError",
     "Finding",
     "Mistake",
     "ProbeResult",
@@ -257,23 +258,14 @@ def grade_file(path: str | Path, task: str | None = None) -> Report:
     """Load the learner's file (executing it) and grade the task it defines (``task`` or detected).
 
     An exception while the file runs is a finding (``exception``). Raises OSError for a file that cannot
-    be read, ValueError when no task or several are found and ``task`` is None.
+    be read, :class:`FileSyntaxError` (a ValueError naming file, line and column) when it is not valid
+    Python, ValueError when no task or several are found and ``task`` is None (for a file that raised
+    while it ran, the task is read from the names its source defines).
     """
     path = Path(path)
     namespace, error = load_file(path)
-    if error is not None:
-        chosen = resolve_task(task) if task is not None else None
-        report = Report(
-            task=chosen.name if chosen else "?",
-            signature=chosen.signature if chosen else "",
-            lecture=chosen.lecture if chosen else "003",
-            contract=_(chosen.contract) if chosen else "",
-            file=str(path),
-        )
-        report.findings.append(_finding("exception", error))
-        return report
     if task is None:
-        found = detect_tasks(namespace)
+        found = tasks_in_source(path) if error is not None else detect_tasks(namespace)
         if not found:
             raise ValueError(
                 _("{path} defines none of the tasks' names ({names}): use --task").format(
@@ -287,6 +279,17 @@ def grade_file(path: str | Path, task: str | None = None) -> Report:
                 )
             )
         task = found[0]
+    if error is not None:
+        chosen = resolve_task(task)
+        report = Report(
+            task=chosen.name,
+            signature=chosen.signature,
+            lecture=chosen.lecture,
+            contract=_(chosen.contract),
+            file=str(path),
+        )
+        report.findings.append(_finding("exception", error))
+        return report
     return grade(namespace, task, file=str(path))
 
 

@@ -1,0 +1,43 @@
+"""flex_attention under torch.compile(fullgraph=True): torch's own flex runs there (docs/flex.md)."""
+
+import warnings
+
+import pytest
+import torch
+
+from selfattention import create_block_mask, flex_attention
+
+warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+
+SLOPES = torch.tensor([0.5, 0.25])
+
+
+def _sliding(b, h, q_idx, kv_idx):
+    return (q_idx - kv_idx).abs() < 5
+
+
+def _alibi(score, b, h, q_idx, kv_idx):
+    return score - SLOPES[h] * (q_idx - kv_idx).abs()
+
+
+def _qkv():
+    g = torch.Generator().manual_seed(3)
+    return tuple(torch.randn(1, 2, 37, 12, generator=g) for _ in range(3))  # T = 37: blocks do not divide
+
+
+@pytest.mark.parametrize("which", ["mask_mod", "score_mod"])
+def test_fullgraph_compile_equals_eager_without_breaks(which):
+    q, k, v = _qkv()
+    if which == "mask_mod":
+        kw = {"block_mask": create_block_mask(_sliding, None, None, 37, 37, device="cpu")}
+    else:
+        kw = {"score_mod": _alibi}
+    eager = flex_attention(q, k, v, **kw)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(flex_attention, fullgraph=True)(q, k, v, **kw)
+        torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
+        torch._dynamo.reset()
+        assert torch._dynamo.explain(flex_attention)(q, k, v, **kw).graph_break_count == 0
+    finally:
+        torch._dynamo.reset()
