@@ -287,8 +287,8 @@ def forward(
         # one call over every row (dense, plain causal, a mask that skips nothing): its result is the result
         call = calls[0]
         ((qv, kv, vv, _),) = _call_views(call, q, k, v)
-        o, l = _kernel_forward(prob, call, qv, kv, vv, _tile(prob, call, q.device))
-        return o, l.to(q.dtype)
+        o, l = _kernel_forward(prob, call, qv, kv, vv, _tile(prob, call, q.device) if call.tile else None)
+        return o, (l if l.dtype == q.dtype else l.to(q.dtype))
     out = q.new_zeros((b, h, tq, v.shape[-1]))
     lse = q.new_full((b, h, tq), -math.inf)
     touched = torch.zeros(tq, dtype=torch.bool)
