@@ -234,6 +234,27 @@ def _row_seen(bias: torch.Tensor, causal: bool) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------------
 
 
+_SMALL = 4096  # elements: below this a CPU result is checked in Python (a decode step's 8 rows of 64)
+_NUMPY_DTYPES = (torch.float32, torch.float64)
+
+
+def _common_case(o: torch.Tensor, l: torch.Tensor) -> bool:
+    """Whether sum(o) is finite and no lse is 0, ±inf or NaN (see :func:`_kernel_forward`). A small CPU
+    result is read in Python (one pass, no torch op: each costs microseconds, more right after a kernel
+    that streamed the cache through the CPU caches); else one number, sum(out) + sum(log|lse|)."""
+    if (
+        o.device.type == "cpu"
+        and o.numel() + l.numel() <= _SMALL
+        and o.dtype in _NUMPY_DTYPES
+        and l.dtype in _NUMPY_DTYPES
+        and not (o.requires_grad or l.requires_grad)
+    ):
+        return math.isfinite(sum(o.numpy().ravel().tolist())) and all(
+            0.0 < abs(x) < math.inf for x in l.numpy().ravel().tolist()
+        )
+    return math.isfinite(l.abs().log_().sum().add_(o.sum()).item())
+
+
 def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
     if prob.kernel == "vendor":
         o, l = vendor.forward(qv, kv, vv, bias, call.causal, prob.scale)
@@ -252,7 +273,7 @@ def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
             # One number says both: log|lse| is finite unless an lse is 0, ±inf or NaN (and never overflows
             # a sum), so sum(out) + sum(log|lse|) is finite exactly when the common case holds (or a sum
             # overflowed: then the precise checks below decide).
-            if not math.isfinite(l.abs().log_().sum().add_(o.sum()).item()):
+            if not _common_case(o, l):
                 if not math.isfinite(o.sum().item()):
                     raise _NotFinite
                 empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
