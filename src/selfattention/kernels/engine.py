@@ -431,7 +431,8 @@ def _checked_forward(q, k, v, prob: Problem) -> tuple[torch.Tensor, torch.Tensor
     problem that produced the result (the exact kernel's when the fused result had to be recomputed)."""
     c = prob.compute
     try:  # with prob.verify, _kernel_forward checks every call's result and raises _NotFinite
-        out, lse = forward(*(_dense_rows(t if t.dtype == c else t.to(c)) for t in (q, k, v)), prob)
+        qc, kc, vc = (t if t.dtype == c else t.to(c) for t in (q, k, v))
+        out, lse = forward(_dense_rows(qc), _dense_rows(kc), _dense_rows(vc), prob)
     except _NotFinite:
         # the inputs held NaN/inf (see choose_kernel): recompute on the exact kernel
         c = torch.promote_types(q.dtype, torch.float32)
@@ -511,7 +512,13 @@ def attention(
     """(out (B, H, Tq, Dv) in query's dtype, lse (B, H, Tq)) with autograd. ``mask`` is the canonical
     float mask when its gradient is wanted (it must be ``prob.vis.attn_mask``), else None."""
     if not (
-        torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, mask))
+        torch.is_grad_enabled()
+        and (
+            query.requires_grad
+            or key.requires_grad
+            or value.requires_grad
+            or (mask is not None and mask.requires_grad)
+        )
     ):
         out, lse, _ = _checked_forward(query, key, value, prob)  # no graph to record: no autograd.Function
         return (out if out.dtype == query.dtype else out.to(query.dtype)), lse
