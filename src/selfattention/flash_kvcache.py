@@ -123,7 +123,8 @@ def _visible(a: KVCacheArgs, cache: torch.Tensor, block_table, c0: int, c1: int)
     """Keys (or values) at positions [c0, c1) of every sequence, (B, Hkv, c1 − c0, D): a view when possible."""
     if not a.page:
         if a.rows is None:
-            return cache[: a.batch, c0:c1].transpose(1, 2)
+            rows = cache if cache.shape[0] == a.batch else cache[: a.batch]  # (one view op fewer per step)
+            return rows[:, c0:c1].transpose(1, 2)
         if a.rows == list(range(a.rows[0], a.rows[0] + a.batch)):
             return cache[a.rows[0] : a.rows[0] + a.batch, c0:c1].transpose(1, 2)
         idx = torch.tensor(a.rows, device=cache.device)
@@ -229,7 +230,6 @@ def _softcapped(q4, k4, v4, bias, scale: float, softcap: float) -> tuple[torch.T
     return torch.cat(outs, 2), torch.cat(lses, 2)
 
 
-@torch.no_grad()
 def flash_attn_with_kvcache(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -299,6 +299,15 @@ def flash_attn_with_kvcache(
     >>> torch.equal(kc[0, 3], k[0, 0]), torch.equal(kc[1, 5], k[1, 0])   # written at each own length
     (True, True)
     """
+    if torch.is_grad_enabled() and any(
+        getattr(t, "requires_grad", False)
+        for t in (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, alibi_slopes)
+    ):  # no backward pass: record no graph (without such an input nothing is recorded anyway, and entering
+        # no_grad costs microseconds per decode step)
+        with torch.no_grad():
+            return flash_attn_with_kvcache(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens,
+                cache_batch_idx, cache_leftpad, block_table, softmax_scale, causal, window_size, softcap,
+                rotary_interleaved, alibi_slopes, num_splits, return_softmax_lse)  # fmt: skip
     a = check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                cache_leftpad, block_table, causal, window_size, softcap, alibi_slopes, num_splits)  # fmt: skip
     if not isinstance(return_softmax_lse, bool) or not isinstance(rotary_interleaved, bool):
@@ -402,7 +411,9 @@ def _problem(q4, k4, v4, vis: Visibility, scale: float, *, one_call: bool = Fals
 
 
 def _result(out, lse, dtype, return_softmax_lse: bool):
-    out = out.to(dtype).transpose(1, 2).contiguous()  # (B, Tq, H, Dv)
+    out = (out if out.dtype == dtype else out.to(dtype)).transpose(1, 2)  # (B, Tq, H, Dv)
+    if not out.is_contiguous():
+        out = out.contiguous()
     if not return_softmax_lse:
         return out
     lse = lse.float()

@@ -234,6 +234,27 @@ def _row_seen(bias: torch.Tensor, causal: bool) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------------------
 
 
+_SMALL = 4096  # elements: below this a CPU result is checked in Python (a decode step's 8 rows of 64)
+_NUMPY_DTYPES = (torch.float32, torch.float64)
+
+
+def _common_case(o: torch.Tensor, l: torch.Tensor) -> bool:
+    """Whether sum(o) is finite and no lse is 0, ±inf or NaN (see :func:`_kernel_forward`). A small CPU
+    result is read in Python (one pass, no torch op: each costs microseconds, more right after a kernel
+    that streamed the cache through the CPU caches); else one number, sum(out) + sum(log|lse|)."""
+    if (
+        o.device.type == "cpu"
+        and o.numel() + l.numel() <= _SMALL
+        and o.dtype in _NUMPY_DTYPES
+        and l.dtype in _NUMPY_DTYPES
+        and not (o.requires_grad or l.requires_grad)
+    ):
+        return math.isfinite(sum(o.numpy().ravel().tolist())) and all(
+            0.0 < abs(x) < math.inf for x in l.numpy().ravel().tolist()
+        )
+    return math.isfinite(l.abs().log_().sum().add_(o.sum()).item())
+
+
 def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
     if prob.kernel == "vendor":
         o, l = vendor.forward(qv, kv, vv, bias, call.causal, prob.scale)
@@ -252,7 +273,7 @@ def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
             # One number says both: log|lse| is finite unless an lse is 0, ±inf or NaN (and never overflows
             # a sum), so sum(out) + sum(log|lse|) is finite exactly when the common case holds (or a sum
             # overflowed: then the precise checks below decide).
-            if not math.isfinite(l.abs().log_().sum().add_(o.sum()).item()):
+            if not _common_case(o, l):
                 if not math.isfinite(o.sum().item()):
                     raise _NotFinite
                 empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
@@ -287,8 +308,8 @@ def forward(
         # one call over every row (dense, plain causal, a mask that skips nothing): its result is the result
         call = calls[0]
         ((qv, kv, vv, _),) = _call_views(call, q, k, v)
-        o, l = _kernel_forward(prob, call, qv, kv, vv, _tile(prob, call, q.device))
-        return o, l.to(q.dtype)
+        o, l = _kernel_forward(prob, call, qv, kv, vv, _tile(prob, call, q.device) if call.tile else None)
+        return o, (l if l.dtype == q.dtype else l.to(q.dtype))
     out = q.new_zeros((b, h, tq, v.shape[-1]))
     lse = q.new_full((b, h, tq), -math.inf)
     touched = torch.zeros(tq, dtype=torch.bool)
@@ -410,7 +431,8 @@ def _checked_forward(q, k, v, prob: Problem) -> tuple[torch.Tensor, torch.Tensor
     problem that produced the result (the exact kernel's when the fused result had to be recomputed)."""
     c = prob.compute
     try:  # with prob.verify, _kernel_forward checks every call's result and raises _NotFinite
-        out, lse = forward(*(_dense_rows(t if t.dtype == c else t.to(c)) for t in (q, k, v)), prob)
+        qc, kc, vc = (t if t.dtype == c else t.to(c) for t in (q, k, v))
+        out, lse = forward(_dense_rows(qc), _dense_rows(kc), _dense_rows(vc), prob)
     except _NotFinite:
         # the inputs held NaN/inf (see choose_kernel): recompute on the exact kernel
         c = torch.promote_types(q.dtype, torch.float32)
@@ -490,7 +512,13 @@ def attention(
     """(out (B, H, Tq, Dv) in query's dtype, lse (B, H, Tq)) with autograd. ``mask`` is the canonical
     float mask when its gradient is wanted (it must be ``prob.vis.attn_mask``), else None."""
     if not (
-        torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (query, key, value, mask))
+        torch.is_grad_enabled()
+        and (
+            query.requires_grad
+            or key.requires_grad
+            or value.requires_grad
+            or (mask is not None and mask.requires_grad)
+        )
     ):
         out, lse, _ = _checked_forward(query, key, value, prob)  # no graph to record: no autograd.Function
         return (out if out.dtype == query.dtype else out.to(query.dtype)), lse
