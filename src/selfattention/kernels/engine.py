@@ -255,7 +255,19 @@ def _common_case(o: torch.Tensor, l: torch.Tensor) -> bool:
     return math.isfinite(l.abs().log_().sum().add_(o.sum()).item())
 
 
-def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
+def _verify(o: torch.Tensor, l: torch.Tensor, seen: torch.Tensor | None) -> None:
+    """Raise _NotFinite when a fused result (o, l) may have touched a NaN/inf input (see _kernel_forward)."""
+    if not _common_case(o, l):
+        if not math.isfinite(o.sum().item()):
+            raise _NotFinite
+        empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
+        if seen is not None:
+            empty = empty & seen
+        if bool(empty.any()):
+            raise _NotFinite
+
+
+def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias, check: bool = True):
     if prob.kernel == "vendor":
         o, l = vendor.forward(qv, kv, vv, bias, call.causal, prob.scale)
         seen = None
@@ -273,14 +285,8 @@ def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias):
             # One number says both: log|lse| is finite unless an lse is 0, ±inf or NaN (and never overflows
             # a sum), so sum(out) + sum(log|lse|) is finite exactly when the common case holds (or a sum
             # overflowed: then the precise checks below decide).
-            if not _common_case(o, l):
-                if not math.isfinite(o.sum().item()):
-                    raise _NotFinite
-                empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
-                if seen is not None:
-                    empty = empty & seen
-                if bool(empty.any()):
-                    raise _NotFinite
+            if check:
+                _verify(o, l, seen)
         if seen is not None and not bool(seen.all()):  # the fused kernel gives a blind row lse = 0: −inf
             l = torch.where(seen, l, torch.full((), -math.inf, dtype=l.dtype, device=l.device))
         return o, l
@@ -310,6 +316,10 @@ def forward(
         ((qv, kv, vv, _),) = _call_views(call, q, k, v)
         o, l = _kernel_forward(prob, call, qv, kv, vv, _tile(prob, call, q.device) if call.tile else None)
         return o, (l if l.dtype == q.dtype else l.to(q.dtype))
+    if all(c.count == 1 and not c.tile for c in calls) and all(
+        a.r1 <= c.r0 for a, c in zip(calls, calls[1:], strict=False)
+    ):
+        return _concatenated(prob, q, k, v)
     out = q.new_zeros((b, h, tq, v.shape[-1]))
     lse = q.new_full((b, h, tq), -math.inf)
     touched = torch.zeros(tq, dtype=torch.bool)
@@ -326,6 +336,46 @@ def forward(
                 out[:, heads, rows] = o
                 lse[:, heads, rows] = l
         touched[rows] = True
+    return out, lse
+
+
+def _concatenated(
+    prob: Problem, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`forward` for calls on disjoint row ranges in order, none with a bias tile (one call per
+    document): the results are concatenated along the rows (rows of no call: 0 and −inf) in one copy,
+    and the fused results' NaN/inf check (``prob.verify``) runs once over every covered row — each torch
+    op costs a parallel region, and a zero fill, a write per call and a check per call cost more than
+    the short calls' own work on a busy machine. Without a bias every row of a call sees a key."""
+    b, h, tq, _ = q.shape
+    dv = v.shape[-1]
+    outs: list[torch.Tensor] = []
+    lses: list[torch.Tensor] = []
+    at, gaps = 0, False
+    for call in prob.plan.calls:
+        if call.r0 > at:
+            gaps = True
+            outs.append(q.new_zeros((b, h, call.r0 - at, dv)))
+            lses.append(q.new_full((b, h, call.r0 - at), -math.inf))
+        ((qv, kv, vv, _),) = _call_views(call, q, k, v)
+        o, l = _kernel_forward(prob, call, qv, kv, vv, None, check=False)
+        outs.append(o)
+        lses.append(l.to(q.dtype))
+        at = call.r1
+    if tq > at:
+        gaps = True
+        outs.append(q.new_zeros((b, h, tq - at, dv)))
+        lses.append(q.new_full((b, h, tq - at), -math.inf))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    lse = lses[0] if len(lses) == 1 else torch.cat(lses, dim=2)
+    if prob.kernel == "vendor" and prob.verify:
+        if gaps:
+            covered = torch.zeros(tq, dtype=torch.bool, device=q.device)
+            for call in prob.plan.calls:
+                covered[call.r0 : call.r1] = True
+            _verify(out[:, :, covered], lse[:, :, covered], None)
+        else:
+            _verify(out, lse, None)
     return out, lse
 
 
