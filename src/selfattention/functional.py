@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from . import _hooks
-from ._validation import all_finite, parse_attention
+from ._validation import all_finite, check_bool, parse_attention
 from .visibility import Visibility
 
 __all__ = [
@@ -340,8 +340,7 @@ def scaled_dot_product_attention(
     tensor([[1.3395, 0.6605],
             [0.6605, 1.3395]])
     """
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {type(return_lse).__name__}")
+    check_bool("return_lse", return_lse)
     steps = attention_steps(
         query,
         key,
