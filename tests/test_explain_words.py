@@ -109,7 +109,7 @@ def _has_m3e_and_jieba() -> bool:
     return True
 
 
-@pytest.mark.skipif(not _has_m3e_and_jieba(), reason="needs m3e-small (make zh) and jieba")
+@pytest.mark.skipif(not _has_m3e_and_jieba(), reason="needs the m3e-small model (make zh) and jieba")
 def test_chinese_words_by_jieba(capsys):
     text = "我喜欢吃苹果。"
     code, out = _explain(capsys, text, "--model", "m3e-small", "--words", "--layer", "1", "--head", "0")

@@ -120,9 +120,8 @@ def test_word_ids_group_minilm_subwords():
 
 @pytest.mark.model
 @pytest.mark.skipif(not (_HAVE_MODEL and _HAVE_JIEBA), reason="needs the model extra and jieba")
+@pytest.mark.skipif(not _has_m3e(), reason="needs the m3e-small model (make zh)")
 def test_jieba_groups_m3e_characters_into_words():
-    if not _has_m3e():
-        pytest.skip("needs m3e-small (make zh)")
     from selfattention import pretrained
 
     _net, tok = pretrained.load_model("m3e-small")
