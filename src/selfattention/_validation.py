@@ -298,6 +298,15 @@ def check_positive_int(name: str, value: object) -> int:
     return value
 
 
+def check_count(name: str, value: object) -> int:
+    """A non-negative int (a count that may be 0), else TypeError/ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a non-negative int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class AttentionArgs:
     """The arguments of one attention call, validated: what every entry point computes from.

@@ -40,7 +40,7 @@ from typing import Any
 
 __all__ = ["BenchConfig", "run_bench", "to_markdown", "write_results", "matmul_peak_gflops", "VARIANTS"]
 
-VARIANTS = ("dense", "causal", "window", "documents", "stats")
+VARIANTS = ("dense", "causal", "window", "documents", "stats", "stats0")
 FULL_SIZES = (1024, 4096)
 QUICK_SIZES = (128, 256)
 
@@ -143,7 +143,7 @@ def _visible_fraction(spec: dict) -> float:
     t, variant = spec["t"], spec["variant"]
     if variant == "dense":
         return 1.0
-    if variant in ("causal", "stats"):
+    if variant in ("causal", "stats", "stats0"):
         return (t + 1) / (2 * t)
     if variant == "window":
         w = min(spec["window"], t)
@@ -160,7 +160,7 @@ def _masks(spec: dict):
     t, variant = spec["t"], spec["variant"]
     if variant == "dense":
         return {}, None, None
-    if variant in ("causal", "stats"):
+    if variant in ("causal", "stats", "stats0"):
         return {"is_causal": True}, None, lambda b, h, q, kv: q >= kv
     if variant == "window":
         w = spec["window"]
@@ -187,10 +187,9 @@ def _impls(spec: dict) -> tuple[dict[str, Any], dict[str, str]]:
     kw, dense_mask, mask_mod = _masks(spec)
     out: dict[str, Any] = {}
     missing: dict[str, str] = {}
-    if variant == "stats":
-        out["tiled"] = lambda q, k, v: tiled_attention_with_stats(
-            q, k, v, top_k=spec["top_k"], **kw, **blocks
-        )
+    if variant in ("stats", "stats0"):  # stats0: output, entropy and column sums, no top-k
+        top_k = spec["top_k"] if variant == "stats" else 0
+        out["tiled"] = lambda q, k, v: tiled_attention_with_stats(q, k, v, top_k=top_k, **kw, **blocks)
         out["sdpa"] = lambda q, k, v: tnf.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out, missing
     if t <= spec["reference_max_t"] and dense_mask is None:
@@ -371,8 +370,9 @@ def _specs(cfg: BenchConfig) -> list[dict]:
                 {**base, "t": cfg.long_t, "variant": variant, "pass": p, "repeats": cfg.slow_repeats}
                 for p in cfg.passes
             ]
-    if "stats" in cfg.variants:
-        specs.append({**base, "t": min(cfg.long_t, max(cfg.sizes)), "variant": "stats", "pass": "fwd"})
+    for variant in ("stats0", "stats"):
+        if variant in cfg.variants:
+            specs.append({**base, "t": min(cfg.long_t, max(cfg.sizes)), "variant": variant, "pass": "fwd"})
     if cfg.memory_t:
         specs.append({**base, "t": cfg.memory_t, "heads": 1, "variant": "causal", "pass": "fwd+bwd",
                       "repeats": 0, "flex": False, "memory": True})  # fmt: skip
@@ -474,6 +474,7 @@ def _mask_name(variant: str, meta: dict) -> str:
         "window": f"window {cfg['window']}",
         "documents": f"{cfg['documents']} documents",
         "stats": f"causal, stats (top-{cfg['top_k']})",
+        "stats0": "causal, entropy + column sums",
     }[variant]
 
 
@@ -505,7 +506,7 @@ def to_markdown(result: dict) -> str:
         sd_txt = "—" if sd is None else _fmt_s(sd["median_s"])
         if sd is not None and variant in ("window", "documents"):
             sd_txt += " (bool mask, 1 run)"
-        if sd is not None and variant == "stats":
+        if sd is not None and variant in ("stats", "stats0"):
             sd_txt += " (causal fwd)"
         fx_txt = "—" if fx is None else f"{_fmt_s(fx['median_s'])} (compile {fx.get('compile_s', 0):.0f} s)"
         plan = f"{til['kernel']}, {til['strategy']} ({til['calls']} call{'s' if til['calls'] != 1 else ''})"

@@ -32,7 +32,14 @@ from dataclasses import dataclass
 import torch
 
 from . import ops
-from ._validation import broadcast_shapes, check_bool, check_positive_int, parse_attention, symbolic
+from ._validation import (
+    broadcast_shapes,
+    check_bool,
+    check_count,
+    check_positive_int,
+    parse_attention,
+    symbolic,
+)
 from .functional import empty_context
 from .kernels import engine
 from .kernels.plan import make_plan
@@ -388,7 +395,9 @@ def tiled_attention_with_stats(
 ) -> tuple[torch.Tensor, AttentionStats]:
     """Attention output plus :class:`AttentionStats` (log-sum-exp, entropy, top-k keys, column sums).
 
-    Arguments as in :func:`tiled_attention` (no dropout: statistics describe the weights themselves).
+    Arguments as in :func:`tiled_attention` (no dropout: statistics describe the weights themselves);
+    ``top_k``: how many of each query's best keys to report (0: none, the cheapest sweep — the top-k
+    fields then have a last dim of 0); ``column_sums=False`` skips the column sums.
     The output and the log-sum-exp come from the kernel; entropy, top-k and column sums from one more
     sweep over the same block plan (skipped blocks stay skipped). Nothing of size Tq × Tk is formed.
     The output is differentiable (then it comes from the autograd path); the statistics are not.
@@ -400,7 +409,7 @@ def tiled_attention_with_stats(
     >>> st.column_sums                                         # the two keys share the attention
     tensor([1., 1.])
     """
-    top_k = check_positive_int("top_k", top_k)
+    top_k = check_count("top_k", top_k)
     check_bool("column_sums", column_sums)
     c, _ = _canonical(
         query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, False, window, document_ids

@@ -51,6 +51,7 @@ _MASKS = {
     "window": N_("window {window}"),
     "documents": N_("{documents} documents"),
     "stats": N_("causal, stats"),
+    "stats0": N_("causal, entropy + column sums"),
 }
 
 
@@ -142,7 +143,11 @@ def register(app: typer.Typer) -> None:
             help=N_("Timed rounds per case. Default: 3 (2 with --quick); 0: the memory call only."),
         ),
         variants: str | None = typer.Option(
-            None, "--variants", help=N_("Subset of dense,causal,window,documents,stats. Default: all.")
+            None,
+            "--variants",
+            help=N_(
+                "Subset of dense,causal,window,documents,stats,stats0 (stats0: entropy and column sums without top-k). Default: all."
+            ),
         ),
         passes: str | None = typer.Option(None, "--passes", help=N_("Subset of fwd,fwd+bwd. Default: both.")),
         heads: int | None = typer.Option(

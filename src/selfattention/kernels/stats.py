@@ -31,6 +31,7 @@ import torch
 
 from . import exact, pool
 from .engine import Problem, _call_views, _fold, _stack_rows, _tile, _unstack
+from .stats_tile import compiled, topk_rounds
 
 __all__ = ["AttentionStats", "sweep"]
 
@@ -90,11 +91,12 @@ def sweep(
             (nl,) = _stack_rows(call, neg_lse[:, heads, rows])
             e, tv, ti, cs = _sweep_view(qv, kv, nl, bias, call, top_k, columns, blind)
             ent[:, heads, rows] += _unstack(call, e, b)
-            merged_v = torch.cat([vals[:, heads, rows], _unstack(call, tv, b)], dim=-1)
-            merged_i = torch.cat([idx[:, heads, rows], _unstack(call, ti, b)], dim=-1)
-            best_v, pick = _topk(merged_v, top_k)
-            vals[:, heads, rows] = best_v
-            idx[:, heads, rows] = merged_i.gather(-1, pick)
+            if top_k:
+                merged_v = torch.cat([vals[:, heads, rows], _unstack(call, tv, b)], dim=-1)
+                merged_i = torch.cat([idx[:, heads, rows], _unstack(call, ti, b)], dim=-1)
+                best_v, pick = topk_rounds(merged_v, top_k)
+                vals[:, heads, rows] = best_v
+                idx[:, heads, rows] = merged_i.gather(-1, pick)
             if cols is not None:
                 _fold(call, cs.unsqueeze(-1), b, cols[:, heads])  # a view: adds into cols
     hidden = vals == -math.inf
@@ -107,88 +109,68 @@ def sweep(
     )
 
 
-_ROWS, _COLS = 32, 2048  # a score tile of (heads sharing a key) × 32 rows × 2048 keys: few ops, in cache
-
-
-_GROUP = 16  # top-k of a tile row from the k best of w/16 groups of 16 strided columns
-
-
-def _topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k (values, indices) along the last dim, largest first, of a short last dim: k rounds of
-    ``max`` (``torch.topk`` spends ≈ 1.4 µs per row on rows of 32–64 entries on CPU, ``max`` ≈ 20 ns)."""
-    if k == 1:
-        return x.max(dim=-1, keepdim=True)
-    if k > 8 or k >= x.shape[-1]:
-        return x.topk(k, dim=-1)
-    x = x.clone()
-    vals, idx = [], []
-    for _ in range(k):
-        v, i = x.max(dim=-1, keepdim=True)
-        vals.append(v)
-        idx.append(i)
-        x.scatter_(-1, i, -math.inf)
-    return torch.cat(vals, dim=-1), torch.cat(idx, dim=-1)
-
-
-def _tile_topk(s: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k (values, columns) along the last dim of a score tile, largest first.
-
-    A full ``torch.topk`` costs ~2.5× the matmul that made the tile; instead: the columns are split into
-    m = w/16 groups (group c holds columns c, c + m, c + 2m, …, so the maximum is one vectorised pass),
-    and the k largest scores lie in the k groups with the largest maxima (a score outside them is beaten
-    by k group maxima), so only those 16·k candidates are ranked."""
-    w = s.shape[-1]
-    m = w // _GROUP
-    if m < 2 * k:
-        return _topk(s, k)
-    _, groups = _topk(s[..., : _GROUP * m].unflatten(-1, (_GROUP, m)).amax(-2), k)  # (…, k)
-    cand = (groups.unsqueeze(-1) + m * torch.arange(_GROUP, device=s.device)).flatten(-2)  # (…, 16k)
-    if w > _GROUP * m:  # the last w mod 16 columns are candidates too
-        rest = torch.arange(_GROUP * m, w, device=s.device).expand(*cand.shape[:-1], -1)
-        cand = torch.cat([cand, rest], dim=-1)
-    v, pick = _topk(s.gather(-1, cand), k)
-    return v, cand.gather(-1, pick)
+_ROWS, _COLS, _TILE = 64, 1024, 1 << 18  # score tiles of ≤ 32 rows × ≤ 1024 keys × heads, ≤ 1 MiB: in L2
+_SPAN = 8  # chunks whose score tiles are kept for one top-k choice: ≤ 8 MiB of scratch per worker
+# _COLS must be a multiple of the top-k group size (16): only a row's last chunk may have a remainder
 
 
 def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
     """Statistics of one kernel view: q (B', Hq, R, D) already scaled, k (B', Hk, C, D), −ℓ (B', Hq, R).
     Returns per-row −Σ α log α, top log α and their key positions, and per-head column sums Σ α.
 
-    The row tiles are independent jobs (each writes its own rows; column sums come back per job and are
-    added here), run by :func:`selfattention.kernels.pool.run` on one thread each."""
+    The jobs — a few heads × a row tile, over its key chunks (:func:`selfattention.kernels.stats_tile.row_tile`)
+    — are independent (each writes its own rows; column sums come back per job and are added here), run
+    by :func:`selfattention.kernels.pool.run` on one thread each. Tiles are kept small enough to stay in a
+    core's L2 cache: the element-wise passes over a tile then cost a third of what they cost from memory."""
     bq_, hq, rows, d = qv.shape
     hk, ncols = kv.shape[1], kv.shape[2]
     g = hq // hk
-    n = bq_ * hk
     finite = bool(torch.isfinite(qv.sum())) and bool(torch.isfinite(kv.sum()))
-    ent = qv.new_zeros((n, g, rows))
-    tv = qv.new_empty((n, g, rows, top_k))
-    ti = torch.empty((n, g, rows, top_k), dtype=torch.int64, device=qv.device)
-    cs = qv.new_zeros((n, g, ncols)) if columns else None
+    ent = qv.new_zeros((bq_, hk, g, rows))
+    tv = qv.new_empty((bq_, hk, g, rows, top_k))
+    ti = torch.empty((bq_, hk, g, rows, top_k), dtype=torch.int64, device=qv.device)
+    cs = qv.new_zeros((bq_, hk, g, ncols)) if columns else None
     # absolute key position of column 0 of each stacked sub-call (views are (B·Hx, count, ...))
-    base = torch.full((n, 1, 1), call.c0, dtype=torch.int64, device=qv.device)
+    base = torch.full((bq_, hk, 1, 1, 1), call.c0, dtype=torch.int64, device=qv.device)
     if call.count > 1:
-        base = (call.c0 + call.step * torch.arange(call.count, device=qv.device)).repeat(bq_).view(n, 1, 1)
-    view = _View(
-        q5=qv.unflatten(1, (hk, g)),  # (B', Hk, G, R, D)
-        kt=kv.reshape(n, ncols, d).transpose(1, 2).contiguous(),  # (N, D, C): a plain gemm operand
-        nl5=nl.unflatten(1, (hk, g)),  # (B', Hk, G, R)
-        bias5=exact._bias5(bias, hk, g),
-        causal=call.causal,
-        top_k=top_k,
-        columns=columns,
-        blind=blind,
-        finite=finite,
-        ent=ent,
-        tv=tv,
-        ti=ti,
-        base=base,
-    )
-    jobs = list(exact.tiles(rows, ncols, call.causal, _ROWS, _COLS))
-    jobs.sort(key=lambda job: -len(job[2]))  # the widest rows first: the threads finish together
-    for part in pool.run(lambda job: _row_tile(view, *job), jobs):
+        base = (call.c0 + call.step * torch.arange(call.count, device=qv.device)).repeat(bq_)
+        base = base.view(bq_, hk, 1, 1, 1)
+    # −ℓ rides along as one more column of q against a column of ones in k: the gemm gives s − ℓ at once
+    q5 = torch.cat([qv, nl.unsqueeze(-1)], dim=-1).unflatten(1, (hk, g))  # (B', Hk, G, R, D + 1)
+    kt = torch.cat([kv, kv.new_ones((bq_, hk, ncols, 1))], dim=-1).transpose(-1, -2).contiguous()
+    floor = _floor(qv.dtype)
+    safe = None
+    if finite and bias is None and not blind:
+        # s − ℓ ≥ −(|q|·max|k| + ℓ): rows where that stays above the floor cannot give a denormal weight
+        reach = qv.norm(dim=-1) * kv.norm(dim=-1).amax() - nl  # (B', Hq, R)
+        safe = (reach < -floor - 1.0).unflatten(1, (hk, g))
+    bias5 = exact._bias5(bias, hk, g)
+    above = _above_diagonal(qv.device)
+    assert _COLS % 16 == 0, "stats._COLS must be a multiple of 16"
+    nb = max(1, min(hk, _TILE // (g * _ROWS * min(_COLS, ncols))))  # key heads per job
+    jobs = [
+        (bi, h0, min(hk, h0 + nb), *tile)
+        for tile in exact.tiles(rows, ncols, call.causal, _ROWS, _COLS)
+        for bi in range(bq_)
+        for h0 in range(0, hk, nb)
+    ]
+    jobs.sort(key=lambda job: -job[-1][-1][1] if job[-1] else 0)  # the widest rows first
+    fn = compiled()
+
+    def run(job):
+        bi, h0, h1, i0, i1, chunks = job
+        n_rows = (h1 - h0) * g * (i1 - i0)
+        wmax = max((j1 - j0 for j0, j1 in chunks), default=0)
+        span = min(_SPAN, len(chunks)) if top_k else 1
+        s_buf, p_buf, c_buf = _scratch((max(span, 1) * n_rows * wmax, n_rows * wmax), qv.dtype, qv.device)
+        return fn(
+            q5, kt, bias5, safe, ent, tv, ti, base, above, s_buf, p_buf, c_buf,
+            bi, h0, h1, i0, i1, chunks, call.causal, top_k, columns, blind, finite, floor, max(span, 1),
+        )  # fmt: skip
+
+    for (bi, h0, h1, *_), part in zip(jobs, pool.run(run, jobs), strict=True):
         if cs is not None and part is not None:
-            cs[:, :, : part.shape[-1]] += part
+            cs[bi, h0:h1, :, : part.shape[-1]] += part
     return (
         ent.reshape(bq_, hq, rows),
         tv.reshape(bq_, hq, rows, top_k),
@@ -197,98 +179,42 @@ def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
     )
 
 
-@dataclass
-class _View:
-    """What the row-tile jobs of one view share: inputs, flags, and the outputs they write rows of."""
-
-    q5: torch.Tensor
-    kt: torch.Tensor
-    nl5: torch.Tensor
-    bias5: torch.Tensor | None
-    causal: bool
-    top_k: int
-    columns: bool
-    blind: bool
-    finite: bool
-    ent: torch.Tensor
-    tv: torch.Tensor
-    ti: torch.Tensor
-    base: torch.Tensor
+def _floor(dtype: torch.dtype) -> float:
+    """The lowest log-weight kept: below it exp gives a denormal (60× slower on x86), so such weights are 0."""
+    return float(math.ceil(math.log(torch.finfo(dtype).tiny)))
 
 
 _LOCAL = threading.local()
 
 
-def _scratch(size: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two flat buffers of at least ``size`` elements, kept per thread: a fresh 2 MiB tile per chunk
-    costs page faults on every allocation (large blocks come from mmap), more than the ops on it."""
+def _scratch(sizes: tuple[int, int], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Buffers (span tiles, tile, tile) of at least ``sizes`` elements, kept per thread: a fresh tile per
+    chunk costs page faults on every allocation (large blocks come from mmap), more than the ops on it."""
     bufs = getattr(_LOCAL, "bufs", None)
-    if bufs is None or bufs[0].numel() < size or bufs[0].dtype != dtype or bufs[0].device != device:
-        bufs = (torch.empty(size, dtype=dtype, device=device), torch.empty(size, dtype=dtype, device=device))
+    if (
+        bufs is None
+        or bufs[0].numel() < sizes[0]
+        or bufs[1].numel() < sizes[1]
+        or bufs[0].dtype != dtype
+        or bufs[0].device != device
+    ):
+        n0 = max(sizes[0], 0 if bufs is None or bufs[0].dtype != dtype else bufs[0].numel())
+        n1 = max(sizes[1], 0 if bufs is None or bufs[0].dtype != dtype else bufs[1].numel())
+        bufs = (
+            torch.empty(n0, dtype=dtype, device=device),
+            torch.empty(n1, dtype=dtype, device=device),
+            torch.empty(n1, dtype=dtype, device=device),
+        )
         _LOCAL.bufs = bufs
     return bufs
 
 
-def _row_tile(vw: _View, i0: int, i1: int, chunks: list[tuple[int, int]]) -> torch.Tensor | None:
-    """Rows [i0, i1) of a view over their key chunks: writes entropy and top-k of those rows, returns
-    their column sums (N, G, last column) or None."""
-    bq_, hk, g, _, d = vw.q5.shape
-    n, top_k = bq_ * hk, vw.top_k
-    r = i1 - i0
-    if not chunks:
-        vw.tv[:, :, i0:i1], vw.ti[:, :, i0:i1] = -math.inf, -1
-        return None
-    qb = vw.q5[..., i0:i1, :].reshape(n, g * r, d)
-    nlb = vw.nl5[..., i0:i1].reshape(n, g * r, 1)
-    cs = vw.q5.new_zeros((n, g, chunks[-1][1])) if vw.columns else None
-    ent = vw.ent[:, :, i0:i1]
-    cand_v, cand_i = [], []
-    size = n * g * r * max(j1 - j0 for j0, j1 in chunks)
-    s_buf, p_buf = _scratch(size, qb.dtype, qb.device)
-    for j0, j1 in chunks:
-        w = j1 - j0
-        s = s_buf[: n * g * r * w].view(n, g * r, w)
-        torch.bmm(qb, vw.kt[:, :, j0:j1], out=s).add_(nlb)  # log α = s − ℓ, (N, G·r, w)
-        masked = vw.blind
-        if vw.bias5 is not None:
-            rs = slice(i0, i1) if vw.bias5.shape[-2] != 1 else slice(None)
-            cs_ = slice(j0, j1) if vw.bias5.shape[-1] != 1 else slice(None)
-            blk = vw.bias5[..., rs, cs_]
-            s5 = s.view(bq_, hk, g, r, w)
-            s5.add_(blk)
-            # −inf hides the key even where its score is NaN/inf (NaN + −inf = NaN): a select, not a sum
-            s5.masked_fill_(blk == -math.inf, -math.inf)
-            masked = True
-        if vw.causal and j1 > i0:  # the tile crosses the diagonal
-            hide = (
-                torch.arange(j0, j1, device=s.device)[None, :]
-                > torch.arange(i0, i1, device=s.device)[:, None]
-            )
-            s.view(n, g, r, w).masked_fill_(hide, -math.inf)
-            masked = True
-        v_, i_ = _tile_topk(s, min(top_k, w))
-        cand_v.append(v_)
-        cand_i.append(i_ + j0)
-        if vw.finite:
-            # exp of a score far below the row's log-sum-exp is a denormal (60× slower on x86) or,
-            # for −inf, a slow special case: floor at −87 (exp ≈ 1.6e-38), then make those exactly 0
-            s.clamp_min_(-87.0)
-            p = torch.exp(s, out=p_buf[: s.numel()].view(s.shape))
-            if masked:
-                torch.nn.functional.threshold_(p, 1.7e-38, 0.0)
-        else:
-            p = torch.exp(s, out=p_buf[: s.numel()].view(s.shape))
-            if masked:
-                s.nan_to_num_(nan=0.0, neginf=0.0)  # α log α = 0 where α = 0
-        if cs is not None:
-            cs[:, :, j0:j1] += p.view(n, g, r, w).sum(2)
-        ent -= p.mul_(s).sum(-1).view(n, g, r)  # p is scratch: α log α in place
-    mv, mi = torch.cat(cand_v, dim=-1), torch.cat(cand_i, dim=-1)
-    if mv.shape[-1] < top_k:  # fewer keys than k in this view
-        pad = top_k - mv.shape[-1]
-        mv = torch.cat([mv, mv.new_full((*mv.shape[:-1], pad), -math.inf)], dim=-1)
-        mi = torch.cat([mi, mi.new_full((*mi.shape[:-1], pad), -1)], dim=-1)
-    best, pick = _topk(mv, top_k)
-    vw.tv[:, :, i0:i1] = best.view(n, g, r, top_k)
-    vw.ti[:, :, i0:i1] = (mi.gather(-1, pick) + vw.base).view(n, g, r, top_k)
-    return cs
+_ABOVE: dict[torch.device, torch.Tensor] = {}
+
+
+def _above_diagonal(device: torch.device) -> torch.Tensor:
+    """Bool (≥ _ROWS, ≥ _ROWS): True above the diagonal (a causal square's hidden keys)."""
+    t = _ABOVE.get(device)
+    if t is None or t.shape[0] < _ROWS:
+        t = _ABOVE[device] = torch.ones((_ROWS, _ROWS), dtype=torch.bool, device=device).triu(1)
+    return t
