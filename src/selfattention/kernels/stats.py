@@ -7,18 +7,25 @@ Given the final log-sum-exp ℓ of every query row (from the kernel's forward), 
 * the top-k keys of every query (the largest scores are the largest weights) and their weights,
 * column sums Σ_i α_ij: the attention each key receives.
 
-The scores are recomputed with torch ops, tile by tile; the row tiles are independent jobs on
-single-threaded workers (:mod:`selfattention.kernels.pool`), so that a core busy with another process
-delays one job rather than every op. A hidden key never reaches a statistic, even if it holds NaN/inf
-(the bias is applied as a select, as in :func:`selfattention.kernels.exact.scores_tile`).
+The scores are recomputed with torch ops, tile by tile (:func:`selfattention.kernels.stats_tile.row_tile`):
+one ``bmm`` of q with −ℓ as an extra column against kᵀ with a row of ones gives log α directly; then
+``exp``, one sum over the rows (column sums), one product and one sum over the keys (entropy), and for
+top-k one ``amax`` over groups of 16 strided columns, the k best groups being ranked once per span of
+chunks. Tiles are ≤ 1 MiB so that these passes run from L2. The denormal guard (clamp, threshold) runs
+only on rows where a weight can fall below e^-87 (|q|·max|k| + ℓ bounds s − ℓ from below). The jobs —
+a few heads × a row tile — run on single-threaded workers (:mod:`selfattention.kernels.pool`), so that a
+core busy with another process delays one job rather than every op, and the job is compiled by
+TorchScript so that the workers do not queue on the GIL between ops. A hidden key never reaches a
+statistic, even if it holds NaN/inf (the bias is applied as a select, as in
+:func:`selfattention.kernels.exact.scores_tile`).
 
 Why not on the vendor kernel: Σ_j α_ij s_ij = scale · q_i · Σ_j α_ij k_j (the keys as extra value columns
 of the output's call) and c_j = exp of the log-sum-exp of the transposed problem with −ℓ folded in as one
 more dimension are both exact, but measured at T = 4096 (causal, H = 8, D = 64, same process) they cost
-2.04× SDPA's causal forward (the output's call with values [v | k]: the fused CPU kernel wants one head
-size, so q and k are padded to 128) and 1.32×, while in the sweep that top-k needs anyway they add an
-``exp`` and two sums to each score tile (≈ 25 % of the sweep). See docs/performance.md and
-benchmarks/stats_parts.py.
+2.04× SDPA's causal forward (the output's call with values [v | k]: torch 2.13's fused CPU kernel refuses
+a value head size other than the query's — "Q/K/V should have the same head size" — so q and k are
+padded to 128) and 1.32×, while the sweep's element-wise passes cost ≈ 0.4 of its ``bmm``. See
+docs/performance.md and benchmarks/stats_parts.py.
 """
 
 from __future__ import annotations
@@ -109,7 +116,7 @@ def sweep(
     )
 
 
-_ROWS, _COLS, _TILE = 64, 1024, 1 << 18  # score tiles of ≤ 32 rows × ≤ 1024 keys × heads, ≤ 1 MiB: in L2
+_ROWS, _COLS, _TILE = 64, 1024, 1 << 18  # score tiles of ≤ 64 rows × ≤ 1024 keys × heads, ≤ 1 MiB: in L2
 _SPAN = 8  # chunks whose score tiles are kept for one top-k choice: ≤ 8 MiB of scratch per worker
 # _COLS must be a multiple of the top-k group size (16): only a row's last chunk may have a remainder
 
