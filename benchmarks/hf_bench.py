@@ -96,15 +96,22 @@ def _inputs(model: torch.nn.Module, ids: torch.Tensor) -> dict:
     return {"input_ids": ids}
 
 
-def time_forward(model: torch.nn.Module, impl: str, ids: torch.Tensor) -> float:
+def time_forward(model: torch.nn.Module, impl: str, ids: torch.Tensor, backward: bool = False) -> float:
+    """Seconds of one forward (``torch.no_grad()``), or of forward + backward of the last hidden state's
+    sum (``backward``: every parameter gets its gradient, T5's relative position bias included)."""
     model.set_attn_implementation(impl)
+    if backward:
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        model(**_inputs(model, ids)).last_hidden_state.sum().backward()
+        return time.perf_counter() - start
     with torch.no_grad():
         start = time.perf_counter()
         model(**_inputs(model, ids))
         return time.perf_counter() - start
 
 
-def bench(kind: str, seq_len: int, rounds: int, warmup: int) -> dict:
+def bench(kind: str, seq_len: int, rounds: int, warmup: int, backward: bool = False) -> dict:
     model = build(kind)
     ids = torch.randint(1, 1000, (1, seq_len), generator=torch.Generator().manual_seed(1))
     impls = tuple(i for i in IMPLS if not (i == "sdpa" and kind in NO_SDPA))
@@ -112,7 +119,7 @@ def bench(kind: str, seq_len: int, rounds: int, warmup: int) -> dict:
     for r in range(warmup + rounds):
         order = impls[r % len(impls) :] + impls[: r % len(impls)]
         for impl in order:
-            t = time_forward(model, impl, ids)
+            t = time_forward(model, impl, ids, backward)
             if r >= warmup:
                 times[impl].append(t)
     med = {impl: statistics.median(ts) for impl, ts in times.items()}
@@ -147,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)"
     )
+    parser.add_argument(
+        "--backward", action="store_true", help="time forward + backward (gradients) instead of forward"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument(
         "--backend",
@@ -170,12 +180,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
     rows = []
-    print(f"selfattention.hf backend = {sahf.BACKEND!r}; torch {torch.__version__}, {args.threads} thread(s)")
+    passes = "forward + backward" if args.backward else "forward"
+    print(f"selfattention.hf backend = {sahf.BACKEND!r}; torch {torch.__version__}, {args.threads} thread(s), "
+          f"{passes}")  # fmt: skip
     print("| model | T | sdpa ms | eager ms | selfattention ms | ours / sdpa | ours / eager |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for kind in args.models:
         for seq_len in args.seq_lens:
-            row = bench(kind, seq_len, args.rounds, args.warmup)
+            row = bench(kind, seq_len, args.rounds, args.warmup, args.backward)
             rows.append(row)
             m = row["median_s"]
             print(

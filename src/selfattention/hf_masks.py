@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ._validation import all_finite
 from .visibility import Predicate, Visibility
 
 __all__ = ["LazyMask", "mask_function", "recognise"]
@@ -304,7 +305,7 @@ def engine_attention(
     dropout_p: float = 0.0,
     softcap: float | None = None,
     position_bias: torch.Tensor | None = None,
-    s_aux: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     cache: dict | None = None,
 ) -> torch.Tensor:
     """(B, H, Tq, Dv) attention of canonical query (B, H, Tq, D), key/value (B, Hkv, Tk, ·) under ``vis``,
@@ -316,8 +317,9 @@ def engine_attention(
       the bias (with the mask's −inf) goes to the vendor kernel in one call, as transformers' sdpa does;
       otherwise a float bias of the engine, which returns its gradient when it requires one
       (``mask_grad``);
-    * ``s_aux`` (H,) sink logits: out · σ(lse − s_h) (:func:`selfattention.mods.attention_sink`), no mask
-      column; gradients reach the sinks through the log-sum-exp.
+    * ``sinks``: sink logits per head (H,) (gpt-oss' ``s_aux``) or per query (B or 1, H, Tq or 1, 1):
+      out · σ(lse − sink) (:func:`selfattention.mods.attention_sink`), no mask column, no (Tq, Tk + 1)
+      tensor; gradients reach the sinks through the log-sum-exp.
     """
     from .kernels import engine, scored
     from .mods import attention_sink
@@ -327,7 +329,7 @@ def engine_attention(
     if (
         softcap is None
         and position_bias is None
-        and s_aux is None
+        and sinks is None
         and (not vis.restricts or _plain_causal(vis))
     ):
         # nothing hidden, or causal on the diagonal: the backend's plain call (validated plans are reused)
@@ -342,7 +344,22 @@ def engine_attention(
     small = vis.q_len * vis.k_len <= SMALL and vis.restricts and not _plain_causal(vis)
     if fused and (position_bias is not None or small):
         out, lse = _dense_bias_call(query, key, value, vis, position_bias, s, cache)
-        return out if s_aux is None else attention_sink(out, lse, s_aux.reshape(-1))
+        return out if sinks is None else attention_sink(out, lse, sinks)
+    if (
+        position_bias is not None
+        and softcap is None
+        and dropout_p == 0.0
+        and _dense_finite(position_bias, query, key, value)
+    ):
+        # a dense bias with a gradient wanted: O(Tq · Tk) memory anyway, so one problem of large ops
+        # (kernels.biased: the bias's gradient is dS itself) or one fused call, not a block plan
+        from .kernels import biased
+
+        hidden, seen = _cached_hidden(vis, vendor_dtype(query), query.device, cache)
+        out, lse = biased.attention(
+            query, key, value, position_bias, hidden, s, seen=seen, lse_grad=sinks is not None
+        )
+        return out if sinks is None else attention_sink(out, lse, sinks)
     if position_bias is not None:
         bias = position_bias
         while bias.dim() < 4:
@@ -361,8 +378,8 @@ def engine_attention(
     else:
         prob = engine.make_problem(query, key, value, vis, s, dropout_p=dropout_p, mask_grad=mask_grad)
         out, lse = engine.attention(query, key, value, prob, mask if mask_grad else None)
-    if s_aux is not None:
-        out = attention_sink(out, lse, s_aux.reshape(-1))
+    if sinks is not None:
+        out = attention_sink(out, lse, sinks)
     return out
 
 
@@ -393,12 +410,7 @@ def _dense_bias_call(
     from .kernels import engine, vendor
 
     c = vendor.compute_dtype(query.device, query.dtype)
-    got = None if cache is None else cache.get((c, query.device))
-    if got is None:
-        got = _hidden(vis, c, query.device)
-        if cache is not None:
-            cache[(c, query.device)] = got
-    hidden, seen = got
+    hidden, seen = _cached_hidden(vis, c, query.device, cache)
     if position_bias is None:
         bias = hidden
     else:
@@ -413,6 +425,35 @@ def _dense_bias_call(
             return out.to(query.dtype), lse
     full = vis if bias is None else vis.with_mask(bias)
     return engine.attention(query, key, value, engine.make_problem(query, key, value, full, scale))
+
+
+def vendor_dtype(query: torch.Tensor) -> torch.dtype:
+    from .kernels import vendor
+
+    return vendor.compute_dtype(query.device, query.dtype)
+
+
+def _dense_finite(bias: torch.Tensor, query, key, value) -> bool:
+    """A float bias given for every (query, key) pair — (…, Tq, Tk), not a key-only or per-head
+    broadcast — with finite query, key and value (the engine guards non-finite ones)."""
+    return (
+        bias.is_floating_point()
+        and bias.dim() == 4
+        and bias.shape[-2:] == (query.shape[-2], key.shape[-2])
+        and all_finite(query)
+        and all_finite(key)
+        and all_finite(value)
+    )
+
+
+def _cached_hidden(vis: Visibility, c: torch.dtype, device: torch.device, cache: dict | None):
+    """:func:`_hidden`, once per LazyMask (the layers of one forward share it)."""
+    got = None if cache is None else cache.get((c, device))
+    if got is None:
+        got = _hidden(vis, c, device)
+        if cache is not None:
+            cache[(c, device)] = got
+    return got
 
 
 def _hidden(vis: Visibility, c: torch.dtype, device: torch.device):
