@@ -332,7 +332,12 @@ def engine_attention(
         and sinks is None
         and (not vis.restricts or _plain_causal(vis))
     ):
-        # nothing hidden, or causal on the diagonal: the backend's plain call (validated plans are reused)
+        # nothing hidden, or causal on the diagonal: without autograd one fused call, checked once (the
+        # per-call cost of a layer at small T); else the backend's plain call (validated plans reused)
+        if dropout_p == 0.0 and not _wants_grad(query, key, value):
+            out = _plain_call(query, key, value, vis.is_causal, s)
+            if out is not None:
+                return out
         from .backends import scaled_dot_product_attention
 
         gqa = key.shape[-3] != query.shape[-3]
@@ -394,6 +399,24 @@ def _plain_causal(vis: Visibility) -> bool:
         vis.is_causal and vis.window is None and vis.attn_mask is None and vis.q_doc is None and vis.mod is None
         and vis.offset == 0 and vis.q_len == vis.k_len
     )  # fmt: skip
+
+
+def _plain_call(query, key, value, causal: bool, scale: float) -> torch.Tensor | None:
+    """One vendor-kernel call without a mask (``causal``: on the diagonal, Tq == Tk), or None when the
+    kernel does not serve these inputs or its result may have met a NaN/inf (a non-finite output, or an
+    lse that is 0 or not finite: a row the kernel emptied) — then the engine, which handles them exactly,
+    computes the call. Every row sees a key here, so an lse of −inf is never right."""
+    from .kernels import vendor
+
+    c = vendor.compute_dtype(query.device, query.dtype)
+    if vendor.unavailable(query.device, c) is not None or query.numel() == 0 or key.numel() == 0:
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    out, lse = vendor.forward(*(t if t.dtype == c else t.to(c) for t in (query, key, value)), None, causal, scale)
+    if not math.isfinite(lse.abs().log_().sum().add_(out.sum()).item()):
+        return None
+    return out if out.dtype == query.dtype else out.to(query.dtype)
 
 
 def _wants_grad(*ts: torch.Tensor | None) -> bool:
