@@ -111,36 +111,58 @@ def time_forward(model: torch.nn.Module, impl: str, ids: torch.Tensor, backward:
         return time.perf_counter() - start
 
 
-def bench(kind: str, seq_len: int, rounds: int, warmup: int, backward: bool = False) -> dict:
+def _ratio(times: dict[str, list[float]], peer: str) -> float:
+    """The median of the per-round ratios ours / peer (robust to a slow round that hit one of them)."""
+    if peer not in times or not times[peer]:
+        return math.nan
+    return statistics.median(a / b for a, b in zip(times["selfattention"], times[peer], strict=True))
+
+
+def bench(
+    kind: str, seq_len: int, rounds: int, warmup: int, backward: bool = False, contended: bool = False
+) -> dict:
+    """One model at one length: every implementation on the same model, interleaved rounds. With
+    ``contended`` every round runs each implementation twice, once quiet and once while
+    :class:`selfattention.bench.Spinner` keeps one core busy, so both ratios come from the same minutes."""
     model = build(kind)
     ids = torch.randint(1, 1000, (1, seq_len), generator=torch.Generator().manual_seed(1))
     impls = tuple(i for i in IMPLS if not (i == "sdpa" and kind in NO_SDPA))
     times: dict[str, list[float]] = {impl: [] for impl in impls}
-    for r in range(warmup + rounds):
-        order = impls[r % len(impls) :] + impls[: r % len(impls)]
-        for impl in order:
-            t = time_forward(model, impl, ids, backward)
-            if r >= warmup:
-                times[impl].append(t)
+    busy: dict[str, list[float]] = {impl: [] for impl in impls}
+    spinner = None
+    if contended:
+        from selfattention.bench import Spinner
+
+        spinner = Spinner()
+    try:
+        for r in range(warmup + rounds):
+            order = impls[r % len(impls) :] + impls[: r % len(impls)]
+            for mode in ("quiet", "busy") if contended else ("quiet",):
+                if spinner is not None:
+                    spinner.busy(mode == "busy")
+                for impl in order:
+                    t = time_forward(model, impl, ids, backward)
+                    if r >= warmup:
+                        (busy if mode == "busy" else times)[impl].append(t)
+    finally:
+        if spinner is not None:
+            spinner.close()
     med = {impl: statistics.median(ts) for impl, ts in times.items()}
     med.setdefault("sdpa", math.nan)
-    # per-round ratios, then their median: robust to a slow round that hit one implementation
-    ratio_sdpa = math.nan
-    if "sdpa" in times:
-        ratio_sdpa = statistics.median(
-            a / b for a, b in zip(times["selfattention"], times["sdpa"], strict=True)
-        )
-    ratio_eager = statistics.median(
-        a / b for a, b in zip(times["selfattention"], times["eager"], strict=True)
-    )
-    return {
+    row = {
         "model": kind,
         "seq_len": seq_len,
+        "pass": "fwd+bwd" if backward else "fwd",
         "median_s": med,
-        "ours_over_sdpa": ratio_sdpa,
-        "ours_over_eager": ratio_eager,
+        "ours_over_sdpa": _ratio(times, "sdpa"),
+        "ours_over_eager": _ratio(times, "eager"),
         "rounds": rounds,
     }
+    if contended:
+        row["median_s_contended"] = {impl: statistics.median(ts) for impl, ts in busy.items()}
+        row["ours_over_sdpa_contended"] = _ratio(busy, "sdpa")
+        row["ours_over_eager_contended"] = _ratio(busy, "eager")
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--backward", action="store_true", help="time forward + backward (gradients) instead of forward"
+    )
+    parser.add_argument(
+        "--contended",
+        action="store_true",
+        help="also time every round with one core kept busy (selfattention.bench.Spinner); use --threads 2",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument(
@@ -183,13 +210,36 @@ def main(argv: list[str] | None = None) -> int:
     passes = "forward + backward" if args.backward else "forward"
     print(f"selfattention.hf backend = {sahf.BACKEND!r}; torch {torch.__version__}, {args.threads} thread(s), "
           f"{passes}")  # fmt: skip
-    print("| model | T | sdpa ms | eager ms | selfattention ms | ours / sdpa | ours / eager |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    if args.contended:
+        print("quiet and contended (a spinner keeps one core busy in every other pass of each round):")
+        print("| model | T | sdpa ms | selfattention ms | ours / sdpa | ours / eager | busy: sdpa ms "
+              "| busy: selfattention ms | busy: ours / sdpa | busy: ours / eager | busy / quiet (sdpa) |")  # fmt: skip
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    else:
+        print("| model | T | sdpa ms | eager ms | selfattention ms | ours / sdpa | ours / eager |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for kind in args.models:
         for seq_len in args.seq_lens:
-            row = bench(kind, seq_len, args.rounds, args.warmup, args.backward)
+            row = bench(kind, seq_len, args.rounds, args.warmup, args.backward, args.contended)
             rows.append(row)
             m = row["median_s"]
+            if args.contended:
+                b = row["median_s_contended"]
+                base = row["ours_over_sdpa"] if kind not in NO_SDPA else row["ours_over_eager"]
+                loaded = (
+                    row["ours_over_sdpa_contended"]
+                    if kind not in NO_SDPA
+                    else row["ours_over_eager_contended"]
+                )
+                print(
+                    f"| {kind} | {seq_len} | {1e3 * m['sdpa']:.2f} | {1e3 * m['selfattention']:.2f} | "
+                    f"{row['ours_over_sdpa']:.3f} | {row['ours_over_eager']:.3f} | "
+                    f"{1e3 * b.get('sdpa', math.nan):.2f} | {1e3 * b['selfattention']:.2f} | "
+                    f"{row['ours_over_sdpa_contended']:.3f} | {row['ours_over_eager_contended']:.3f} | "
+                    f"{loaded / base:.3f} |",
+                    flush=True,
+                )
+                continue
             print(
                 f"| {kind} | {seq_len} | {1e3 * m['sdpa']:.2f} | {1e3 * m['eager']:.2f} | "
                 f"{1e3 * m['selfattention']:.2f} | {row['ours_over_sdpa']:.3f} | {row['ours_over_eager']:.3f} |",
