@@ -268,3 +268,37 @@ def test_t5_training_gradients_equal_eager(routes, padded):
     hit = [n for n in ours if "relative_attention_bias" in n]
     assert len(hit) == 2 and all(ours[n].abs().max() > 1e-4 for n in hit)
     assert routes["dense"] >= 2  # encoder and decoder self-attention took the large-op route
+
+
+# ---------------------------------------------------------------- the plain call (no mask, no autograd)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_plain_calls_without_autograd_keep_nan_rules(causal):
+    """The one fused call of a mask-less or causal lazy call: equal to the float64 oracle; a NaN query row
+    gives NaN (the fused kernel alone answers it with 0), a NaN in a future key never reaches an earlier
+    query (causal), both by handing such inputs to the engine."""
+    fn = mu.causal_mask_function if causal else mu.bidirectional_mask_function
+    lazy = hf.attention_mask(1, 37, 37, mask_function=fn)
+    q, k, v = (t.detach().float() for t in _qkv(1, 37, 37, 4, 2, 8))
+    module = _module(2)
+    with torch.no_grad():
+        out, _ = hf.attention_forward(module, q, k, v, lazy, scaling=0.3)
+        keep = lazy.to_dense()
+        ref = reference(q, k, v, torch.zeros(()), keep, 0.3)
+        assert (out.transpose(1, 2) - ref).abs().max() <= 1e-5 * max(1.0, float(ref.abs().max()))
+        q2 = q.clone()
+        q2[0, 1, 5] = math.nan
+        bad, _ = hf.attention_forward(module, q2, k, v, lazy, scaling=0.3)
+        assert torch.isnan(bad[0, 5, 1]).all()  # (B, Tq, H, Dv): query 5 of head 1
+        assert (bad[0, :, 0] - out[0, :, 0]).abs().max() <= 1e-6  # the other heads and queries: unchanged
+        assert (bad[0, :5] - out[0, :5]).abs().max() <= 1e-6
+        k2, v2 = k.clone(), v.clone()
+        k2[0, 0, 30] = math.nan
+        v2[0, 1, 31] = math.inf
+        leak, _ = hf.attention_forward(module, q, k2, v2, lazy, scaling=0.3)
+        if causal:  # queries before 30 do not see the bad keys: their rows are unchanged
+            assert torch.isfinite(leak[0, :30]).all()
+            assert (leak[0, :30] - out[0, :30]).abs().max() <= 1e-6
+        else:  # every query sees them
+            assert not torch.isfinite(leak).all(dim=-1).any()
