@@ -259,14 +259,16 @@ def mask_function(
         else:
             key_mask = key_mask.reshape(key_mask.shape[0], 1, 1, kv_length)  # (B, 1, 1, Tk)
             kinds.append("padding")
-    q_pos = torch.arange(q_length, device=device) + q_off
-    k_pos = torch.arange(kv_length, device=device) + kv_off
     try:
         if parts.window is not None and not parts.causal:
             raise _Generic  # an overlay without causal: not the engine's window
         if parts.remapped and (q_off, kv_off) != (0, 0):
             raise _Generic
-        docs = _doc_ids(parts, batch_size, q_pos, k_pos)
+        docs = None
+        if parts.chunks or parts.packed:  # (positions only for documents: two ops fewer per forward)
+            q_pos = torch.arange(q_length, device=device) + q_off
+            k_pos = torch.arange(kv_length, device=device) + kv_off
+            docs = _doc_ids(parts, batch_size, q_pos, k_pos)
         mod = None
         if parts.generic:
             mod = Predicate(_Shifted(parts.generic, q_off, kv_off), batch=batch_size, heads=1)
