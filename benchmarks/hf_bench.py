@@ -12,15 +12,24 @@ rounds, and the ratios are taken against the other implementations of the same r
     .venv/bin/python benchmarks/hf_bench.py --json out/hf_bench.json
     .venv/bin/python benchmarks/hf_bench.py --models t5 mistral qwen2 gpt_oss --seq-lens 256
     .venv/bin/python benchmarks/hf_bench.py --memory            # peak memory, one process per figure
+    .venv/bin/python benchmarks/hf_bench.py --models t5 --backward   # forward + backward (training)
+    .venv/bin/python benchmarks/hf_bench.py --seq-lens 256 --contended  # also with one core kept busy
 
 ``--memory`` prints peak memory (growth of the process's peak resident set during the first call, in a
 fresh process per figure; the time is the second call's): a Mistral with window 128 at T = 8192 under sdpa and ours, and one
-gpt-oss-shaped attention call (4 heads of 16, window 128, s_aux sinks) through the materialising route
+gpt-oss-shaped attention call (4 heads of 16, window 128, s_aux sinks per head, then per-query sinks (1, H, T, 1)) through the materialising route
 (a (B, H, T, T + 1) float mask with a sink column: the route before the lazy masks, which the weights
 path still takes) and through the lazy mask on the engine (out · σ(lse − sink)).
 
-Forward passes only (``torch.no_grad()``, batch 1, float32, no padding: transformers passes no mask and
+Forward passes (``torch.no_grad()``), or with ``--backward`` forward + backward of the last hidden state's
+sum in eval mode (every parameter's gradient: T5's relative position bias requires grad, which sends
+transformers' sdpa to its math path); batch 1, float32, no padding (transformers passes no mask and
 ``is_causal`` alone describes the decoder).
+
+``--contended``: every round runs each implementation twice, quiet and while
+:class:`selfattention.bench.Spinner` (``selfattention bench --contended``'s background load, one process
+spinning on one core) runs, and prints both ratios and contended / quiet. With the default ``--threads 1``
+the measured process uses one core; ``--threads 2`` shows what a busy core does to two-thread kernels.
 """
 
 from __future__ import annotations
@@ -290,6 +299,10 @@ def peak_child(what: str, route: str, seq_len: str) -> str:
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 4, t, 16, generator=g) for _ in range(3))
         sinks = torch.randn(4, generator=g)
+        per_query = what == "call_per_query"  # (B, H, Tq, 1): a sink logit per query
+        if per_query:
+            sinks = torch.randn(1, 4, t, 1, generator=g)
+        sink_arg = {"sinks": sinks} if per_query else {"s_aux": sinks}
         module = type("M", (), {"is_causal": True, "training": False, "config": None})()
         fn = mu.sliding_window_causal_mask_function(128)
         if route == "dense":  # the materialising route: dense bool mask, sink column (inside recording())
@@ -300,8 +313,8 @@ def peak_child(what: str, route: str, seq_len: str) -> str:
         def run():
             if route == "dense":
                 with sahf.recording():
-                    return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, s_aux=sinks)
-            return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, s_aux=sinks)
+                    return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, **sink_arg)
+            return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, **sink_arg)
 
     with torch.no_grad():
         base = _rss_peak_mib()
@@ -325,11 +338,13 @@ def memory_table(threads: int) -> int:
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for what, peer, ours, lens in (
         ("gpt-oss call, sinks, window 128", "dense", "lazy", (2048, 4096, 8192)),
+        ("the same, per-query sinks (1, H, T, 1)", "dense", "lazy", (2048, 8192)),
         ("Mistral, window 128, 2 layers", "sdpa", "selfattention", (8192,)),
     ):
         for t in lens:
-            p = child("call" if peer == "dense" else "model", peer, str(t))
-            o = child("call" if peer == "dense" else "model", ours, str(t))
+            kind = "model" if peer != "dense" else "call_per_query" if "per-query" in what else "call"
+            p = child(kind, peer, str(t))
+            o = child(kind, ours, str(t))
             print(f"| {what} | {t} | {peer} | {p['peak_mib']:.0f} | {1e3 * p['seconds']:.1f} | "
                   f"{o['peak_mib']:.0f} | {1e3 * o['seconds']:.1f} | {o['seconds'] / p['seconds']:.2f} |",
                   flush=True)  # fmt: skip
