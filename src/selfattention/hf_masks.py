@@ -203,6 +203,9 @@ def _doc_ids(parts: _Parts, b: int, q_pos: torch.Tensor, k_pos: torch.Tensor):
     return q_doc.expand(b, -1).contiguous(), k_doc.expand(b, -1).contiguous()
 
 
+_PLAIN = {"causal_mask_function": True, "bidirectional_mask_function": False}  # name → is_causal
+
+
 class _Generic(Exception):
     """A combination without a structural form: the whole recipe becomes one generic predicate."""
 
@@ -243,6 +246,10 @@ def mask_function(
     fn = causal_mask_function if mask_function is None else mask_function
     q_off, kv_off = int(q_offset), int(kv_offset)
     device = torch.device(device)
+    if attention_mask is None and _name(fn) in _PLAIN:  # the common call of an unpadded batch: no recipe
+        causal = _PLAIN[_name(fn)]
+        vis = Visibility(q_length, kv_length, is_causal=causal, q_offset=q_off - kv_off)
+        return LazyMask(vis, batch_size, ("causal",) if causal else (), device)
     parts = recognise(fn)
     key_mask, kinds = None, []
     if attention_mask is not None:
