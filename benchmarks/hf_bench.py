@@ -12,15 +12,24 @@ rounds, and the ratios are taken against the other implementations of the same r
     .venv/bin/python benchmarks/hf_bench.py --json out/hf_bench.json
     .venv/bin/python benchmarks/hf_bench.py --models t5 mistral qwen2 gpt_oss --seq-lens 256
     .venv/bin/python benchmarks/hf_bench.py --memory            # peak memory, one process per figure
+    .venv/bin/python benchmarks/hf_bench.py --models t5 --backward   # forward + backward (training)
+    .venv/bin/python benchmarks/hf_bench.py --seq-lens 256 --contended  # also with one core kept busy
 
 ``--memory`` prints peak memory (growth of the process's peak resident set during the first call, in a
 fresh process per figure; the time is the second call's): a Mistral with window 128 at T = 8192 under sdpa and ours, and one
-gpt-oss-shaped attention call (4 heads of 16, window 128, s_aux sinks) through the materialising route
+gpt-oss-shaped attention call (4 heads of 16, window 128, s_aux sinks per head, then per-query sinks (1, H, T, 1)) through the materialising route
 (a (B, H, T, T + 1) float mask with a sink column: the route before the lazy masks, which the weights
 path still takes) and through the lazy mask on the engine (out · σ(lse − sink)).
 
-Forward passes only (``torch.no_grad()``, batch 1, float32, no padding: transformers passes no mask and
+Forward passes (``torch.no_grad()``), or with ``--backward`` forward + backward of the last hidden state's
+sum in eval mode (every parameter's gradient: T5's relative position bias requires grad, which sends
+transformers' sdpa to its math path); batch 1, float32, no padding (transformers passes no mask and
 ``is_causal`` alone describes the decoder).
+
+``--contended``: every round runs each implementation twice, quiet and while
+:class:`selfattention.bench.Spinner` (``selfattention bench --contended``'s background load, one process
+spinning on one core) runs, and prints both ratios and contended / quiet. With the default ``--threads 1``
+the measured process uses one core; ``--threads 2`` shows what a busy core does to two-thread kernels.
 """
 
 from __future__ import annotations
@@ -96,44 +105,73 @@ def _inputs(model: torch.nn.Module, ids: torch.Tensor) -> dict:
     return {"input_ids": ids}
 
 
-def time_forward(model: torch.nn.Module, impl: str, ids: torch.Tensor) -> float:
+def time_forward(model: torch.nn.Module, impl: str, ids: torch.Tensor, backward: bool = False) -> float:
+    """Seconds of one forward (``torch.no_grad()``), or of forward + backward of the last hidden state's
+    sum (``backward``: every parameter gets its gradient, T5's relative position bias included)."""
     model.set_attn_implementation(impl)
+    if backward:
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        model(**_inputs(model, ids)).last_hidden_state.sum().backward()
+        return time.perf_counter() - start
     with torch.no_grad():
         start = time.perf_counter()
         model(**_inputs(model, ids))
         return time.perf_counter() - start
 
 
-def bench(kind: str, seq_len: int, rounds: int, warmup: int) -> dict:
+def _ratio(times: dict[str, list[float]], peer: str) -> float:
+    """The median of the per-round ratios ours / peer (robust to a slow round that hit one of them)."""
+    if peer not in times or not times[peer]:
+        return math.nan
+    return statistics.median(a / b for a, b in zip(times["selfattention"], times[peer], strict=True))
+
+
+def bench(
+    kind: str, seq_len: int, rounds: int, warmup: int, backward: bool = False, contended: bool = False
+) -> dict:
+    """One model at one length: every implementation on the same model, interleaved rounds. With
+    ``contended`` every round runs each implementation twice, once quiet and once while
+    :class:`selfattention.bench.Spinner` keeps one core busy, so both ratios come from the same minutes."""
     model = build(kind)
     ids = torch.randint(1, 1000, (1, seq_len), generator=torch.Generator().manual_seed(1))
     impls = tuple(i for i in IMPLS if not (i == "sdpa" and kind in NO_SDPA))
     times: dict[str, list[float]] = {impl: [] for impl in impls}
-    for r in range(warmup + rounds):
-        order = impls[r % len(impls) :] + impls[: r % len(impls)]
-        for impl in order:
-            t = time_forward(model, impl, ids)
-            if r >= warmup:
-                times[impl].append(t)
+    busy: dict[str, list[float]] = {impl: [] for impl in impls}
+    spinner = None
+    if contended:
+        from selfattention.bench import Spinner
+
+        spinner = Spinner()
+    try:
+        for r in range(warmup + rounds):
+            order = impls[r % len(impls) :] + impls[: r % len(impls)]
+            for mode in ("quiet", "busy") if contended else ("quiet",):
+                if spinner is not None:
+                    spinner.busy(mode == "busy")
+                for impl in order:
+                    t = time_forward(model, impl, ids, backward)
+                    if r >= warmup:
+                        (busy if mode == "busy" else times)[impl].append(t)
+    finally:
+        if spinner is not None:
+            spinner.close()
     med = {impl: statistics.median(ts) for impl, ts in times.items()}
     med.setdefault("sdpa", math.nan)
-    # per-round ratios, then their median: robust to a slow round that hit one implementation
-    ratio_sdpa = math.nan
-    if "sdpa" in times:
-        ratio_sdpa = statistics.median(
-            a / b for a, b in zip(times["selfattention"], times["sdpa"], strict=True)
-        )
-    ratio_eager = statistics.median(
-        a / b for a, b in zip(times["selfattention"], times["eager"], strict=True)
-    )
-    return {
+    row = {
         "model": kind,
         "seq_len": seq_len,
+        "pass": "fwd+bwd" if backward else "fwd",
         "median_s": med,
-        "ours_over_sdpa": ratio_sdpa,
-        "ours_over_eager": ratio_eager,
+        "ours_over_sdpa": _ratio(times, "sdpa"),
+        "ours_over_eager": _ratio(times, "eager"),
         "rounds": rounds,
     }
+    if contended:
+        row["median_s_contended"] = {impl: statistics.median(ts) for impl, ts in busy.items()}
+        row["ours_over_sdpa_contended"] = _ratio(busy, "sdpa")
+        row["ours_over_eager_contended"] = _ratio(busy, "eager")
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads (1: steady on a shared machine)"
+    )
+    parser.add_argument(
+        "--backward", action="store_true", help="time forward + backward (gradients) instead of forward"
+    )
+    parser.add_argument(
+        "--contended",
+        action="store_true",
+        help="also time every round with one core kept busy (selfattention.bench.Spinner); use --threads 2",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument(
@@ -170,14 +216,39 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     load0 = os.getloadavg()[0]
     rows = []
-    print(f"selfattention.hf backend = {sahf.BACKEND!r}; torch {torch.__version__}, {args.threads} thread(s)")
-    print("| model | T | sdpa ms | eager ms | selfattention ms | ours / sdpa | ours / eager |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    passes = "forward + backward" if args.backward else "forward"
+    print(f"selfattention.hf backend = {sahf.BACKEND!r}; torch {torch.__version__}, {args.threads} thread(s), "
+          f"{passes}")  # fmt: skip
+    if args.contended:
+        print("quiet and contended (a spinner keeps one core busy in every other pass of each round):")
+        print("| model | T | sdpa ms | selfattention ms | ours / sdpa | ours / eager | busy: sdpa ms "
+              "| busy: selfattention ms | busy: ours / sdpa | busy: ours / eager | busy / quiet (sdpa) |")  # fmt: skip
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    else:
+        print("| model | T | sdpa ms | eager ms | selfattention ms | ours / sdpa | ours / eager |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for kind in args.models:
         for seq_len in args.seq_lens:
-            row = bench(kind, seq_len, args.rounds, args.warmup)
+            row = bench(kind, seq_len, args.rounds, args.warmup, args.backward, args.contended)
             rows.append(row)
             m = row["median_s"]
+            if args.contended:
+                b = row["median_s_contended"]
+                base = row["ours_over_sdpa"] if kind not in NO_SDPA else row["ours_over_eager"]
+                loaded = (
+                    row["ours_over_sdpa_contended"]
+                    if kind not in NO_SDPA
+                    else row["ours_over_eager_contended"]
+                )
+                print(
+                    f"| {kind} | {seq_len} | {1e3 * m['sdpa']:.2f} | {1e3 * m['selfattention']:.2f} | "
+                    f"{row['ours_over_sdpa']:.3f} | {row['ours_over_eager']:.3f} | "
+                    f"{1e3 * b.get('sdpa', math.nan):.2f} | {1e3 * b['selfattention']:.2f} | "
+                    f"{row['ours_over_sdpa_contended']:.3f} | {row['ours_over_eager_contended']:.3f} | "
+                    f"{loaded / base:.3f} |",
+                    flush=True,
+                )
+                continue
             print(
                 f"| {kind} | {seq_len} | {1e3 * m['sdpa']:.2f} | {1e3 * m['eager']:.2f} | "
                 f"{1e3 * m['selfattention']:.2f} | {row['ours_over_sdpa']:.3f} | {row['ours_over_eager']:.3f} |",
@@ -228,6 +299,10 @@ def peak_child(what: str, route: str, seq_len: str) -> str:
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 4, t, 16, generator=g) for _ in range(3))
         sinks = torch.randn(4, generator=g)
+        per_query = what == "call_per_query"  # (B, H, Tq, 1): a sink logit per query
+        if per_query:
+            sinks = torch.randn(1, 4, t, 1, generator=g)
+        sink_arg = {"sinks": sinks} if per_query else {"s_aux": sinks}
         module = type("M", (), {"is_causal": True, "training": False, "config": None})()
         fn = mu.sliding_window_causal_mask_function(128)
         if route == "dense":  # the materialising route: dense bool mask, sink column (inside recording())
@@ -238,8 +313,8 @@ def peak_child(what: str, route: str, seq_len: str) -> str:
         def run():
             if route == "dense":
                 with sahf.recording():
-                    return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, s_aux=sinks)
-            return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, s_aux=sinks)
+                    return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, **sink_arg)
+            return sahf.attention_forward(module, q, k, v, mask, scaling=0.25, **sink_arg)
 
     with torch.no_grad():
         base = _rss_peak_mib()
@@ -263,11 +338,13 @@ def memory_table(threads: int) -> int:
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |")
     for what, peer, ours, lens in (
         ("gpt-oss call, sinks, window 128", "dense", "lazy", (2048, 4096, 8192)),
+        ("the same, per-query sinks (1, H, T, 1)", "dense", "lazy", (2048, 8192)),
         ("Mistral, window 128, 2 layers", "sdpa", "selfattention", (8192,)),
     ):
         for t in lens:
-            p = child("call" if peer == "dense" else "model", peer, str(t))
-            o = child("call" if peer == "dense" else "model", ours, str(t))
+            kind = "model" if peer != "dense" else "call_per_query" if "per-query" in what else "call"
+            p = child(kind, peer, str(t))
+            o = child(kind, ours, str(t))
             print(f"| {what} | {t} | {peer} | {p['peak_mib']:.0f} | {1e3 * p['seconds']:.1f} | "
                   f"{o['peak_mib']:.0f} | {1e3 * o['seconds']:.1f} | {o['seconds'] / p['seconds']:.2f} |",
                   flush=True)  # fmt: skip

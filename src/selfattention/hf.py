@@ -14,9 +14,10 @@ The mask function returns a lazy :class:`~selfattention.hf_masks.LazyMask` (a Vi
 cache's offset, the sliding window, chunks and packed sequences as documents, padding as a key-only
 (B, 1, 1, Tk) mask, anything else a per-block predicate), never a dense (B, 1, Tq, Tk) mask; the call
 runs on the block engine (:func:`~selfattention.hf_masks.engine_attention`), soft-capping as a score
-mod, sinks as out · σ(lse − sink), a position bias as a bias tile. The weights (``output_attentions``,
-:func:`selfattention.capture`), per-query ``sinks``, soft-capping under dropout, a :data:`BACKEND` other
-than ``"tiled"`` and compiled graphs take the materialising route (:mod:`selfattention.hf_dense`,
+mod, sinks (per head or per query) as out · σ(lse − sink), a position bias as one fused call (or, when it
+requires grad, as :mod:`selfattention.kernels.biased`'s large ops: its gradient is dS). The weights
+(``output_attentions``, :func:`selfattention.capture`), soft-capping under dropout, a :data:`BACKEND`
+other than ``"tiled"`` and compiled graphs take the materialising route (:mod:`selfattention.hf_dense`,
 :func:`selfattention.functional.attention_steps`) with the dense mask, as transformers' sdpa would.
 
 What transformers passes, and what happens to it (everything else raises ``TypeError`` naming it):
@@ -341,18 +342,17 @@ def attention_forward(
     calls = None if torch.compiler.is_compiling() else _calls.get()  # (recording(): not in compiled graphs)
     # the weights, a recording, per-query sinks and softcap with dropout take the materialising route
     # (a recording of a lazy mask without softcap, sinks or bias keeps its Visibility: nothing materialised)
-    plain = softcap is None and s_aux is None and position_bias is None
+    sink = _sink_logits(s_aux, sinks, query)  # checked here: (1 or B, H, 1 or Tq, 1) or None
+    plain = softcap is None and sink is None and position_bias is None
     dense = (
         want
         or (calls is not None and not (plain and lazy is not None))
-        or sinks is not None
         or min(query.shape) == 0
         or min(key.shape) == 0
     )
     dense = dense or (softcap is not None and training and dropout > 0) or torch.compiler.is_compiling()
     dense = dense or BACKEND != "tiled"  # another backend chosen: it gets the dense mask, as before
-    sink = _sink_logits(s_aux, sinks, query)  # checked here, used below
-    fast = dict(dropout_p=check_dropout(dropout) if training else 0.0, softcap=softcap, s_aux=s_aux)
+    fast = dict(dropout_p=check_dropout(dropout) if training else 0.0, softcap=softcap, sinks=sink)
     if lazy is not None:
         if lazy.shape[-2:] != (q_len, k_len) or lazy.batch_size not in (1, query.shape[0]):
             raise ValueError(
@@ -400,7 +400,7 @@ def attention_forward(
             )
 
     canonical = mask is None or (mask.dim() == 4 and mask.shape[0] in (1, query.shape[0]))
-    if not dense and canonical and (softcap is not None or position_bias is not None or s_aux is not None):
+    if not dense and canonical and (softcap is not None or position_bias is not None or sink is not None):
         vis = Visibility(q_len, k_len, is_causal=causal, attn_mask=mask)
         context = engine_attention(query, key, value, vis, scaling, position_bias=position_bias, **fast)
         return context.transpose(1, 2).contiguous(), None
@@ -450,9 +450,19 @@ def _sink_logits(
             raise ValueError(f"s_aux must hold one sink logit per query head ({query.shape[-3]}), got {got}")
         return s_aux.reshape(1, -1, 1, 1)
     if sinks is not None:
-        if not isinstance(sinks, torch.Tensor) or sinks.dim() != 4 or sinks.shape[-1] != 1:
+        b, h, tq = query.shape[0], query.shape[-3], query.shape[-2]
+        if (
+            not isinstance(sinks, torch.Tensor)
+            or sinks.dim() != 4
+            or sinks.shape[-1] != 1
+            or sinks.shape[0] not in (1, b)
+            or sinks.shape[1] != h
+            or sinks.shape[2] not in (1, tq)
+        ):
             got = tuple(sinks.shape) if isinstance(sinks, torch.Tensor) else sinks
-            raise ValueError(f"sinks must be a tensor of shape (B, H, Tq, 1), got {got}")
+            raise ValueError(
+                f"sinks must be a tensor of shape (B, H, Tq, 1) = ({b}, {h}, {tq}, 1), got {got}"
+            )
         return sinks
     return None
 

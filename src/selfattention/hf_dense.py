@@ -1,5 +1,4 @@
-"""The materialising route of :mod:`selfattention.hf` (the weights path, recordings, per-query sinks,
-other backends): Gemma 2's soft-capped scores, T5's bias and gpt-oss' sinks written into one dense float
+"""The materialising route of :mod:`selfattention.hf` (the weights path, recordings, other backends): Gemma 2's soft-capped scores, T5's bias and gpt-oss' sinks written into one dense float
 mask (a sink as one more key with a zero value). The fast route needs none of this (see
 :func:`selfattention.hf_masks.engine_attention`)."""
 

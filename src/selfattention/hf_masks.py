@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from ._validation import all_finite
 from .visibility import Predicate, Visibility
 
 __all__ = ["LazyMask", "mask_function", "recognise"]
@@ -202,6 +203,9 @@ def _doc_ids(parts: _Parts, b: int, q_pos: torch.Tensor, k_pos: torch.Tensor):
     return q_doc.expand(b, -1).contiguous(), k_doc.expand(b, -1).contiguous()
 
 
+_PLAIN = {"causal_mask_function": True, "bidirectional_mask_function": False}  # name → is_causal
+
+
 class _Generic(Exception):
     """A combination without a structural form: the whole recipe becomes one generic predicate."""
 
@@ -242,6 +246,10 @@ def mask_function(
     fn = causal_mask_function if mask_function is None else mask_function
     q_off, kv_off = int(q_offset), int(kv_offset)
     device = torch.device(device)
+    if attention_mask is None and _name(fn) in _PLAIN:  # the common call of an unpadded batch: no recipe
+        causal = _PLAIN[_name(fn)]
+        vis = Visibility(q_length, kv_length, is_causal=causal, q_offset=q_off - kv_off)
+        return LazyMask(vis, batch_size, ("causal",) if causal else (), device)
     parts = recognise(fn)
     key_mask, kinds = None, []
     if attention_mask is not None:
@@ -258,14 +266,16 @@ def mask_function(
         else:
             key_mask = key_mask.reshape(key_mask.shape[0], 1, 1, kv_length)  # (B, 1, 1, Tk)
             kinds.append("padding")
-    q_pos = torch.arange(q_length, device=device) + q_off
-    k_pos = torch.arange(kv_length, device=device) + kv_off
     try:
         if parts.window is not None and not parts.causal:
             raise _Generic  # an overlay without causal: not the engine's window
         if parts.remapped and (q_off, kv_off) != (0, 0):
             raise _Generic
-        docs = _doc_ids(parts, batch_size, q_pos, k_pos)
+        docs = None
+        if parts.chunks or parts.packed:  # (positions only for documents: two ops fewer per forward)
+            q_pos = torch.arange(q_length, device=device) + q_off
+            k_pos = torch.arange(kv_length, device=device) + kv_off
+            docs = _doc_ids(parts, batch_size, q_pos, k_pos)
         mod = None
         if parts.generic:
             mod = Predicate(_Shifted(parts.generic, q_off, kv_off), batch=batch_size, heads=1)
@@ -304,7 +314,7 @@ def engine_attention(
     dropout_p: float = 0.0,
     softcap: float | None = None,
     position_bias: torch.Tensor | None = None,
-    s_aux: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     cache: dict | None = None,
 ) -> torch.Tensor:
     """(B, H, Tq, Dv) attention of canonical query (B, H, Tq, D), key/value (B, Hkv, Tk, ·) under ``vis``,
@@ -316,8 +326,9 @@ def engine_attention(
       the bias (with the mask's −inf) goes to the vendor kernel in one call, as transformers' sdpa does;
       otherwise a float bias of the engine, which returns its gradient when it requires one
       (``mask_grad``);
-    * ``s_aux`` (H,) sink logits: out · σ(lse − s_h) (:func:`selfattention.mods.attention_sink`), no mask
-      column; gradients reach the sinks through the log-sum-exp.
+    * ``sinks``: sink logits per head (H,) (gpt-oss' ``s_aux``) or per query (B or 1, H, Tq or 1, 1):
+      out · σ(lse − sink) (:func:`selfattention.mods.attention_sink`), no mask column, no (Tq, Tk + 1)
+      tensor; gradients reach the sinks through the log-sum-exp.
     """
     from .kernels import engine, scored
     from .mods import attention_sink
@@ -327,10 +338,15 @@ def engine_attention(
     if (
         softcap is None
         and position_bias is None
-        and s_aux is None
+        and sinks is None
         and (not vis.restricts or _plain_causal(vis))
     ):
-        # nothing hidden, or causal on the diagonal: the backend's plain call (validated plans are reused)
+        # nothing hidden, or causal on the diagonal: without autograd one fused call, checked once (the
+        # per-call cost of a layer at small T); else the backend's plain call (validated plans reused)
+        if dropout_p == 0.0 and not _wants_grad(query, key, value):
+            out = _plain_call(query, key, value, vis.is_causal, s)
+            if out is not None:
+                return out
         from .backends import scaled_dot_product_attention
 
         gqa = key.shape[-3] != query.shape[-3]
@@ -342,7 +358,22 @@ def engine_attention(
     small = vis.q_len * vis.k_len <= SMALL and vis.restricts and not _plain_causal(vis)
     if fused and (position_bias is not None or small):
         out, lse = _dense_bias_call(query, key, value, vis, position_bias, s, cache)
-        return out if s_aux is None else attention_sink(out, lse, s_aux.reshape(-1))
+        return out if sinks is None else attention_sink(out, lse, sinks)
+    if (
+        position_bias is not None
+        and softcap is None
+        and dropout_p == 0.0
+        and _dense_finite(position_bias, query, key, value)
+    ):
+        # a dense bias with a gradient wanted: O(Tq · Tk) memory anyway, so one problem of large ops
+        # (kernels.biased: the bias's gradient is dS itself) or one fused call, not a block plan
+        from .kernels import biased
+
+        hidden, seen = _cached_hidden(vis, vendor_dtype(query), query.device, cache)
+        out, lse = biased.attention(
+            query, key, value, position_bias, hidden, s, seen=seen, lse_grad=sinks is not None
+        )
+        return out if sinks is None else attention_sink(out, lse, sinks)
     if position_bias is not None:
         bias = position_bias
         while bias.dim() < 4:
@@ -361,8 +392,8 @@ def engine_attention(
     else:
         prob = engine.make_problem(query, key, value, vis, s, dropout_p=dropout_p, mask_grad=mask_grad)
         out, lse = engine.attention(query, key, value, prob, mask if mask_grad else None)
-    if s_aux is not None:
-        out = attention_sink(out, lse, s_aux.reshape(-1))
+    if sinks is not None:
+        out = attention_sink(out, lse, sinks)
     return out
 
 
@@ -379,6 +410,28 @@ def _plain_causal(vis: Visibility) -> bool:
     )  # fmt: skip
 
 
+def _plain_call(query, key, value, causal: bool, scale: float) -> torch.Tensor | None:
+    """One vendor-kernel call without a mask (``causal``: on the diagonal, Tq == Tk), or None when the
+    kernel does not serve these inputs or one of them holds a NaN/inf — then the engine, which handles
+    them exactly, computes the call."""
+    from .kernels import vendor
+
+    c = vendor.compute_dtype(query.device, query.dtype)
+    if vendor.unavailable(query.device, c) is not None or query.numel() == 0 or key.numel() == 0:
+        return None
+    if torch.compiler.is_compiling():
+        return None
+    # finite inputs: the fused kernel is exact (a NaN/inf query row would come back as out 0, a non-finite
+    # key or value may leak through 0 · NaN). Checked before the call, while the inputs are in the
+    # caches and the kernel has not yet streamed them out (each op right after it costs several times more)
+    if not math.isfinite(query.sum().add_(key.sum()).add_(value.sum()).item()):
+        return None
+    out, _ = vendor.forward(
+        *(t if t.dtype == c else t.to(c) for t in (query, key, value)), None, causal, scale
+    )
+    return out if out.dtype == query.dtype else out.to(query.dtype)
+
+
 def _wants_grad(*ts: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
@@ -393,12 +446,7 @@ def _dense_bias_call(
     from .kernels import engine, vendor
 
     c = vendor.compute_dtype(query.device, query.dtype)
-    got = None if cache is None else cache.get((c, query.device))
-    if got is None:
-        got = _hidden(vis, c, query.device)
-        if cache is not None:
-            cache[(c, query.device)] = got
-    hidden, seen = got
+    hidden, seen = _cached_hidden(vis, c, query.device, cache)
     if position_bias is None:
         bias = hidden
     else:
@@ -413,6 +461,35 @@ def _dense_bias_call(
             return out.to(query.dtype), lse
     full = vis if bias is None else vis.with_mask(bias)
     return engine.attention(query, key, value, engine.make_problem(query, key, value, full, scale))
+
+
+def vendor_dtype(query: torch.Tensor) -> torch.dtype:
+    from .kernels import vendor
+
+    return vendor.compute_dtype(query.device, query.dtype)
+
+
+def _dense_finite(bias: torch.Tensor, query, key, value) -> bool:
+    """A float bias given for every (query, key) pair — (…, Tq, Tk), not a key-only or per-head
+    broadcast — with finite query, key and value (the engine guards non-finite ones)."""
+    return (
+        bias.is_floating_point()
+        and bias.dim() == 4
+        and bias.shape[-2:] == (query.shape[-2], key.shape[-2])
+        and all_finite(query)
+        and all_finite(key)
+        and all_finite(value)
+    )
+
+
+def _cached_hidden(vis: Visibility, c: torch.dtype, device: torch.device, cache: dict | None):
+    """:func:`_hidden`, once per LazyMask (the layers of one forward share it)."""
+    got = None if cache is None else cache.get((c, device))
+    if got is None:
+        got = _hidden(vis, c, device)
+        if cache is not None:
+            cache[(c, device)] = got
+    return got
 
 
 def _hidden(vis: Visibility, c: torch.dtype, device: torch.device):

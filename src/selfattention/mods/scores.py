@@ -140,17 +140,35 @@ def relative_position_bias(
 
 def attention_sink(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
     """Learnable attention sinks (gpt-oss, OpenAI 2025; "StreamingLLM", Xiao et al. 2023): one extra logit
-    s_h per head in every softmax denominator, attached to no value. With the attention's output O and
-    log-sum-exp ℓ (``return_lse``), the sink-attended output is exactly O · σ(ℓ − s_h): no mask column,
-    gradients to O, ℓ and the sinks.
+    in every softmax denominator, attached to no value — one per head s_h (gpt-oss' ``s_aux``) or one per
+    query s_bhi (``sinks``). With the attention's output O and log-sum-exp ℓ (``return_lse``), the
+    sink-attended output is exactly O · e^ℓ / (e^ℓ + e^s) = O · σ(ℓ − s): no mask column, no (Tq, Tk + 1)
+    tensor, gradients to O, ℓ and the sinks. A row that sees no key (ℓ = −inf) stays 0, whatever its sink.
 
     Args:
-        out: (B, H, T, Dv); lse: (B, H, T) natural log (−inf: a row that sees no key stays 0);
-        sinks: (H,) logits.
+        out: (B, H, T, Dv); lse: (B, H, T) natural log (−inf: a row that sees no key);
+        sinks: (H,) logits per head, or per query (B or 1, H, T or 1, 1) (also without the last 1).
+
+    Raises:
+        ValueError: ``sinks`` of any other shape (named with the expected one).
     """
-    if sinks.dim() != 1 or sinks.shape[0] != out.shape[-3]:
+    b, h, t = out.shape[-4] if out.dim() >= 4 else 1, out.shape[-3], out.shape[-2]
+    if sinks.dim() == 1 and sinks.shape[0] == h:
+        s = sinks[:, None]  # (H, 1)
+    elif (
+        sinks.dim() in (3, 4)
+        and (sinks.dim() == 3 or sinks.shape[-1] == 1)
+        and sinks.shape[0] in (1, b)
+        and sinks.shape[1] == h
+        and sinks.shape[2] in (1, t)
+    ):
+        s = sinks if sinks.dim() == 3 else sinks[..., 0]  # (B or 1, H, T or 1)
+    else:
         raise ValueError(
-            f"attention_sink: sinks must have shape ({out.shape[-3]},), got {tuple(sinks.shape)}"
+            f"attention_sink: sinks must have shape ({h},) or (B, {h}, {t}, 1) with B in (1, {b}), "
+            f"got {tuple(sinks.shape)}"
         )
-    w = torch.sigmoid(lse.to(sinks.dtype) - sinks[:, None])  # (B, H, T)
+    z = lse.to(s.dtype)
+    # a blind row: σ(−inf) = 0 with gradient 0 (even with a −inf sink: no NaN through z − s)
+    w = torch.sigmoid(torch.where(z == -math.inf, z, z - s))  # (B, H, T)
     return out * w[..., None].to(out.dtype)
