@@ -30,7 +30,7 @@ from ..visibility import Visibility
 from . import exact, vendor
 from .exact import Dropout
 from .merge import merge_into
-from .plan import Call, Plan, make_plan
+from .plan import Call, Plan, band_options, make_plan
 
 __all__ = ["Problem", "choose_kernel", "make_problem", "forward", "backward", "attention", "KERNELS"]
 
@@ -131,7 +131,9 @@ def make_problem(
     if dropout_p > 0.0:
         seed = int(torch.randint(0, 2**62, (), device="cpu")) if dropout_seed is None else int(dropout_seed)
         dropout = Dropout(dropout_p, seed)
-    plan = make_plan(vis, block_q, block_k, every_tile=mask_grad)
+    plan = make_plan(
+        vis, block_q, block_k, every_tile=mask_grad, **band_options(query.device.type, name, block_q)
+    )
     return Problem(
         vis=vis,
         scale=scale,
