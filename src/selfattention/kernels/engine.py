@@ -27,7 +27,7 @@ import torch
 from .._validation import all_finite as _finite
 from .._validation import batched, symbolic
 from ..visibility import Visibility
-from . import exact, vendor
+from . import band, exact, vendor
 from .exact import Dropout
 from .merge import merge_into
 from .plan import Call, Plan, band_options, make_plan
@@ -322,13 +322,18 @@ def forward(
         a.r1 <= c.r0 for a, c in zip(calls, calls[1:], strict=False)
     ):
         return _concatenated(prob, q, k, v)
-    out = q.new_zeros((b, h, tq, v.shape[-1]))
-    lse = q.new_full((b, h, tq), -math.inf)
+    # not zero-filled: every row is written by its first call, and the rows of no call are filled below
+    out = q.new_empty((b, h, tq, v.shape[-1]))
+    lse = q.new_empty((b, h, tq))
     touched = torch.zeros(tq, dtype=torch.bool)
     for call in prob.plan.calls:
         bias = _tile(prob, call, q.device)
         rows = slice(call.r0, call.r1)
         merge = bool(touched[rows].any())
+        if merge:  # rows of this call that no earlier call wrote start as "sees nothing" (0, −inf)
+            for r0, r1 in _runs_of(~touched[rows]):
+                out[:, :, call.r0 + r0 : call.r0 + r1] = 0
+                lse[:, :, call.r0 + r0 : call.r0 + r1] = -math.inf
         for qv, kv, vv, heads in _call_views(call, q, k, v):
             o, l = _kernel_forward(prob, call, qv, kv, vv, bias)
             o, l = _unstack(call, o, b), _unstack(call, l, b)
@@ -338,7 +343,19 @@ def forward(
                 out[:, heads, rows] = o
                 lse[:, heads, rows] = l
         touched[rows] = True
+    for r0, r1 in _runs_of(~touched):  # rows that see no key: 0 and −inf
+        out[:, :, r0:r1] = 0
+        lse[:, :, r0:r1] = -math.inf
     return out, lse
+
+
+def _runs_of(flags: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of the runs of True in a 1-D bool tensor."""
+    if not bool(flags.any()):
+        return []
+    f = flags.to(torch.int8)
+    edges = torch.diff(f, prepend=f.new_zeros(1), append=f.new_zeros(1)).nonzero().flatten().tolist()
+    return list(zip(edges[::2], edges[1::2], strict=True))
 
 
 def _concatenated(
@@ -425,7 +442,7 @@ def backward(
     dmask = None
     if prob.mask_grad and mask is not None:
         dmask = torch.zeros(mask.shape, dtype=prob.compute, device=q.device)
-    for call in prob.plan.calls:
+    for call in _band_first(prob, dout, q, k, v, out, lse, dq, dk, dv):
         bias = _tile(prob, call, q.device)
         rows = slice(call.r0, call.r1)
         dbias = None if dmask is None or bias is None else torch.zeros_like(bias)
@@ -446,6 +463,40 @@ def backward(
             ms = dmask[..., rows if dmask.shape[-2] != 1 else slice(None), _cols(call, dmask)]
             ms += dbias.sum_to_size(ms.shape)
     return dq, dk, dv, dmask
+
+
+def _band_first(prob: Problem, dout, q, k, v, out, lse, dq, dk, dv) -> list[Call]:
+    """The plan's calls for the per-call backward loop, after the stacked window bands that
+    :mod:`.band` serves (vendor kernel on CPU, no mask of any kind, no dropout) have been added into
+    dq, dk, dv; what is left of a band (rows short of a whole chunk) stays in the list."""
+    vis = prob.vis
+    if not (
+        prob.kernel == "vendor"
+        and q.device.type == "cpu"
+        and prob.dropout is None
+        and not prob.mask_grad
+        and vis.window is not None
+        and vis.attn_mask is None
+        and vis.mod is None
+        and vis.q_doc is None
+        and q.is_contiguous()
+        and k.is_contiguous()
+        and v.is_contiguous()
+    ):
+        return prob.plan.calls
+    calls: list[Call] = []
+    for call in prob.plan.calls:
+        if not band.usable(call):
+            calls.append(call)
+            continue
+        head, rest = band.split(call)
+        tile = prob.vis.tile(
+            head.r0, head.r0 + head.rows, head.c0, head.c0 + head.cols, prob.compute, q.device
+        )
+        band.backward(head, tile, dout, q, k, v, out, lse, prob.scale, dq, dk, dv)
+        if rest is not None:
+            calls.append(rest)
+    return calls
 
 
 def _cols(call: Call, m: torch.Tensor) -> slice:
