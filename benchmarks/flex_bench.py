@@ -16,6 +16,7 @@ Usage::
 
     OMP_NUM_THREADS=2 PYTHONPATH=src .venv/bin/python benchmarks/flex_bench.py            # the real sizes
     OMP_NUM_THREADS=2 PYTHONPATH=src .venv/bin/python benchmarks/flex_bench.py --quick    # small sizes
+    OMP_NUM_THREADS=2 PYTHONPATH=src .venv/bin/python benchmarks/flex_bench.py --window-only  # W = 512 rows
 """
 
 from __future__ import annotations
@@ -137,22 +138,38 @@ def case_score_mod(
 
 
 def case_rate(name: str, mask_mod, t: int, h: int, d: int, rounds: int, rate: float) -> None:
+    """The window as a fraction of the matmul rate over its visible pairs, beside its peer: SDPA's causal
+    kernel at the T with the same number of pairs (T = 16384, W = 512: ≈ 4096²/2), in the same rounds."""
     q, k, v = (torch.randn(1, h, t, d, requires_grad=True) for _ in range(3))
     bm = sa.create_block_mask(mask_mod, None, None, t, t, device="cpu")
     pairs = h * sum(_count_rows(mask_mod, i, min(t, i + 1024), t) for i in range(0, t, 1024))
+    tp = int(round((2 * pairs / h) ** 0.5))  # causal T with as many visible pairs
+    qp, kp, vp = (torch.randn(1, h, tp, d, requires_grad=True) for _ in range(3))
 
     def ours(q, k, v):
         return sa.flex_attention(q, k, v, block_mask=bm)
 
+    def sdpa_causal(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
     with torch.no_grad():
-        fwd = _interleaved({"fwd": lambda: ours(q, k, v)}, rounds)["fwd"]
-    fb = _interleaved({"fwd+bwd": _fwd_bwd(ours, q, k, v)}, rounds)["fwd+bwd"]
+        fwd = _interleaved({"ours": lambda: ours(q, k, v), "sdpa": lambda: sdpa_causal(qp, kp, vp)}, rounds)
+    fb = _interleaved({"ours": _fwd_bwd(ours, q, k, v), "sdpa": _fwd_bwd(sdpa_causal, qp, kp, vp)}, rounds)
     work = 4 * d * pairs
+    peer = 4 * d * h * tp * (tp + 1) / 2
     print(f"\n{name}: T={t}, H={h}, D={d}; float32 matmul rate {rate / 1e9:.1f} GFLOP/s (2048² matmul)")
-    print(f"  fwd      {fwd * 1e3:9.1f} ms   {work / fwd / rate:5.2f} of the matmul rate over visible pairs")
-    print(
-        f"  fwd+bwd  {fb * 1e3:9.1f} ms   {2.5 * work / fb / rate:5.2f} of the matmul rate over visible pairs"
-    )
+    print("  (fraction = work / time / matmul rate; work = 4·D·pairs forward, × 2.5 forward+backward)")
+    for label, sec, w in (
+        ("ours fwd", fwd["ours"], work),
+        ("ours fwd+bwd", fb["ours"], 2.5 * work),
+        (f"sdpa causal T={tp} fwd", fwd["sdpa"], peer),
+        (f"sdpa causal T={tp} fwd+bwd", fb["sdpa"], 2.5 * peer),
+    ):
+        print(
+            f"  {label:28s} {sec * 1e3:9.1f} ms   {w / sec / rate:5.2f} of the matmul rate over visible pairs"
+        )
+    print(f"  ours / sdpa causal (fwd)     {fwd['ours'] / fwd['sdpa']:9.2f}×")
+    print(f"  ours / sdpa causal (f+b)     {fb['ours'] / fb['sdpa']:9.2f}×")
 
 
 def _count_rows(mask_mod, i0: int, i1: int, t: int) -> int:
@@ -167,6 +184,7 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes (T = 1024 and 2048) for development")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-compile", action="store_true", help="skip torch's compiled flex_attention")
+    ap.add_argument("--window-only", action="store_true", help="only the sliding window 512 rate rows")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     rounds = args.rounds or (3 if args.quick else 5)
@@ -174,6 +192,9 @@ def main(argv=None) -> None:
     h, d = 8, 64
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, rounds {rounds} (medians)")
     rate = matmul_rate(rounds)
+    if args.window_only:
+        case_rate("sliding window 512", mods.sliding_window(511), t2, h, d, rounds, rate)
+        return
     case_vs_peers("sliding window 256", mods.sliding_window(256), t1, h, d, rounds, not args.no_compile)
     case_vs_peers("prefix-LM 512", mods.prefix_lm(512), t1, h, d, rounds, not args.no_compile)
     case_rate("sliding window 512", mods.sliding_window(511), t2, h, d, rounds, rate)
