@@ -31,7 +31,7 @@ import torch
 from . import pool
 from .plan import Call
 
-__all__ = ["CHUNK", "GROUP", "split", "usable", "backward"]
+__all__ = ["CHUNK", "GROUP", "MIN_CHUNKS", "chunks", "split", "usable", "backward"]
 
 CHUNK = 128
 """Query rows per chunk (a multiple of the band's rows)."""
@@ -62,14 +62,16 @@ def split(call: Call) -> tuple[Call, Call | None]:
     return head, Call(r0, call.rows, c0, call.cols, tile=True, count=left, step=call.step if left > 1 else 0)
 
 
+def chunks(call: Call) -> int:
+    """Whole chunks of a stacked band call (0 for any other call)."""
+    if not (call.count > 1 and call.tile and call.step == call.rows):
+        return 0
+    return call.count * call.rows // _chunk(call)
+
+
 def usable(call: Call) -> bool:
     """Whether :func:`backward` serves this plan call (a stacked band of at least :data:`MIN_CHUNKS`)."""
-    return (
-        call.count > 1
-        and call.tile
-        and call.step == call.rows
-        and call.count * call.rows >= MIN_CHUNKS * _chunk(call)
-    )
+    return chunks(call) >= MIN_CHUNKS
 
 
 def backward(
