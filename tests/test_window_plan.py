@@ -235,3 +235,41 @@ def test_band_split_covers_the_band_exactly():
     end = head.r1 if rest is None else rest.r1
     assert end == call.r1 and (rest is None or rest.r0 == head.r1)
     assert engine.band is band  # the engine's backward goes through this module
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_forward_in_pieces_on_the_pool_matches_the_oracle(two_threads, monkeypatch):
+    # with 2 threads a long stacked band runs as single-threaded pieces (engine._pooled_forward)
+    pieces = []
+    real = engine._pooled_forward
+    monkeypatch.setattr(engine, "_pooled_forward", lambda *a: (pieces.append(a[1]), real(*a))[1])
+    tq, w = 611, 50
+    q, k, v, _ = _inputs(2, 2, 1, tq, tq, 8, 6, seed=17)
+    with torch.no_grad():
+        out = tiled_attention(q, k, v, window=w, is_causal=True, enable_gqa=True)
+    assert pieces and pieces[0].count >= engine._POOL_PIECES * 2
+    dense, _ = _dense_ref(q.detach(), k.detach(), v.detach(), _window_keep(tq, tq, w))
+    torch.testing.assert_close(out, dense, atol=1e-10, rtol=1e-10)
+
+
+def test_a_nan_key_in_a_pooled_piece_falls_back_like_the_single_call(two_threads):
+    tq, w = 611, 50
+    q, k, v, _ = _inputs(1, 2, 2, tq, tq, 8, 8, seed=19)
+    k = k.detach().clone()
+    k[0, 1, 400] = math.nan  # visible to queries 400 … 449 of head 1 only
+    with torch.no_grad():
+        out = tiled_attention(q.detach(), k, v.detach(), window=w, is_causal=True)
+    nan_rows = torch.isnan(out).any(-1)
+    assert nan_rows[0, 1, 400:450].all() and not nan_rows[0, 1, :400].any() and not nan_rows[0, 1, 450:].any()
+    assert not nan_rows[0, 0].any()
+    keep = _window_keep(tq, tq, w)
+    dense, _ = _dense_ref(q.detach(), k.nan_to_num(0.0), v.detach(), keep)
+    fine = ~nan_rows
+    torch.testing.assert_close(out[fine], dense[fine], atol=1e-10, rtol=1e-10)
