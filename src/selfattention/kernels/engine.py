@@ -353,6 +353,7 @@ def forward(
 
 
 _POOL_PIECES = 4  # pieces per thread of a stacked call run on the pool's single-threaded workers
+_POOL_MIN_ENTRIES = 1 << 24  # score entries below which one multi-threaded call costs less (T = 1000)
 
 
 def _pooled(prob: Problem, call: Call, q: torch.Tensor) -> bool:
@@ -366,6 +367,7 @@ def _pooled(prob: Problem, call: Call, q: torch.Tensor) -> bool:
         and q.device.type == "cpu"
         and threads > 1
         and call.count >= _POOL_PIECES * threads
+        and call.entries() * q.shape[0] * q.shape[1] >= _POOL_MIN_ENTRIES
         and not torch.is_grad_enabled()
     )
 
