@@ -4,8 +4,8 @@ torch's fused CPU backward runs a window band (``count`` calls of a few query ro
 rows keys they see, stacked as strided views) at a third of its rate on one long causal call: it splits a
 short call's rows into blocks of 32, and every block pays five small matrix products, and it returns a key
 gradient per band — (W − 1 + rows) / rows times the size of dK, zero-filled, then folded back. Measured
-(2 threads, T = 16384, W = 512, docs/performance.md): 0.3 of the matmul rate against 0.64 for its causal
-backward at the same number of visible pairs.
+(1 thread, T = 16384, W = 512, docs/performance.md): 0.20–0.32 of the matmul rate (five products per
+visible pair) against 0.64 for its causal backward on the same number of pairs; this module ≈ 0.4.
 
 Here the band's rows are regrouped into chunks of :data:`CHUNK` rows; chunk j sees the L = cols − rows +
 CHUNK keys from c0 + j·CHUNK, with the same relative mask for every chunk (a window's structure does not
