@@ -330,7 +330,7 @@ def forward(
         bias = _tile(prob, call, q.device)
         rows = slice(call.r0, call.r1)
         merge = bool(touched[rows].any())
-        if merge:  # rows of this call that no earlier call wrote start as "sees nothing" (0, −inf)
+        if merge and not bool(touched[rows].all()):  # rows no earlier call wrote start as "sees nothing"
             for r0, r1 in _runs_of(~touched[rows]):
                 out[:, :, call.r0 + r0 : call.r0 + r1] = 0
                 lse[:, :, call.r0 + r0 : call.r0 + r1] = -math.inf
