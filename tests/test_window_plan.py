@@ -275,3 +275,21 @@ def test_a_nan_key_in_a_pooled_piece_falls_back_like_the_single_call(two_threads
     dense, _ = _dense_ref(q.detach(), k.nan_to_num(0.0), v.detach(), keep)
     fine = ~nan_rows
     torch.testing.assert_close(out[fine], dense[fine], atol=1e-10, rtol=1e-10)
+
+
+def test_a_merging_call_over_rows_no_earlier_call_wrote():
+    # out/lse are not zero-filled: rows 64… of the second call were written by no earlier call and must
+    # start as "sees nothing" before the merge (hand-made plan: the second call covers every row)
+    from selfattention.kernels.plan import Call, Plan
+
+    q, k, v, _ = _inputs(1, 2, 2, 128, 100, 8, 8, seed=23)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    vis = Visibility(128, 100)
+    prob = engine.make_problem(q, k, v, vis, 8**-0.5)
+    prob.plan = Plan([Call(0, 64, 0, 50), Call(0, 128, 50, 50)], strategy="blocks")
+    out, lse = engine.forward(q, k, v, prob)
+    keep = torch.ones(128, 100, dtype=torch.bool)
+    keep[64:, :50] = False
+    dense, ref_lse = _dense_ref(q, k, v, keep)
+    torch.testing.assert_close(out, dense, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(lse, ref_lse, atol=1e-10, rtol=1e-10)
