@@ -246,22 +246,22 @@ def two_threads():
 
 
 def test_forward_in_pieces_on_the_pool_matches_the_oracle(two_threads, monkeypatch):
-    # with 2 threads a long stacked band runs as single-threaded pieces (engine._pooled_forward)
-    monkeypatch.setattr(engine, "_POOL_MIN_ENTRIES", 0)
+    # with 2 threads a long stacked band runs as single-threaded pieces (kernels/band.py's forward_pieces)
+    monkeypatch.setattr(band, "POOL_MIN_ENTRIES", 0)
     pieces = []
-    real = engine._pooled_forward
-    monkeypatch.setattr(engine, "_pooled_forward", lambda *a: (pieces.append(a[1]), real(*a))[1])
+    real = band.forward_pieces
+    monkeypatch.setattr(band, "forward_pieces", lambda *a: (pieces.append(a[1]), real(*a))[1])
     tq, w = 611, 50
     q, k, v, _ = _inputs(2, 2, 1, tq, tq, 8, 6, seed=17)
     with torch.no_grad():
         out = tiled_attention(q, k, v, window=w, is_causal=True, enable_gqa=True)
-    assert pieces and pieces[0].count >= engine._POOL_PIECES * 2
+    assert pieces and pieces[0].count >= band.POOL_PIECES * 2
     dense, _ = _dense_ref(q.detach(), k.detach(), v.detach(), _window_keep(tq, tq, w))
     torch.testing.assert_close(out, dense, atol=1e-10, rtol=1e-10)
 
 
 def test_a_nan_key_in_a_pooled_piece_falls_back_like_the_single_call(two_threads, monkeypatch):
-    monkeypatch.setattr(engine, "_POOL_MIN_ENTRIES", 0)
+    monkeypatch.setattr(band, "POOL_MIN_ENTRIES", 0)
     tq, w = 611, 50
     q, k, v, _ = _inputs(1, 2, 2, tq, tq, 8, 8, seed=19)
     k = k.detach().clone()

@@ -1,4 +1,6 @@
-"""The backward of a stacked window band in large matrix products, for the fused CPU kernel's problems.
+"""The stacked window band on the fused CPU kernel: its backward in large matrix products, and its forward
+in single-threaded pieces (:func:`forward_pieces`, so that a core kept busy by another process delays one
+piece, not the whole call). The engine calls :func:`backward_calls` and :func:`pooled`.
 
 torch's fused CPU backward runs a window band (``count`` calls of a few query rows against the W − 1 +
 rows keys they see, stacked as strided views) at a third of its rate on one long causal call: it splits a
@@ -25,13 +27,25 @@ delays one job rather than every product.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 
 from . import pool
 from .plan import Call
 
-__all__ = ["CHUNK", "GROUP", "MIN_CHUNKS", "chunks", "split", "usable", "backward"]
+__all__ = [
+    "CHUNK",
+    "GROUP",
+    "MIN_CHUNKS",
+    "chunks",
+    "split",
+    "usable",
+    "backward",
+    "backward_calls",
+    "pooled",
+    "forward_pieces",
+]
 
 CHUNK = 128
 """Query rows per chunk (a multiple of the band's rows)."""
@@ -144,3 +158,86 @@ def _one_head(head, m, bias, scale, do, q, k, v, lse, delta, dq, dk, dv) -> None
             ds = torch.bmm(dog, vg.transpose(1, 2)).sub_(dg).mul_(p)
             _strided(dq, head.r0 + r, cnt, m * c, c).add_(torch.bmm(ds, kg), alpha=scale)
             _strided(dk, head.c0 + r, cnt, m * c, cols).add_(torch.bmm(ds.transpose(1, 2), qg), alpha=scale)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The engine's entry points: the backward's calls, and the forward of a long band in pieces
+# ---------------------------------------------------------------------------------------------------------
+
+
+def backward_calls(prob, dout, q, k, v, out, lse, dq, dk, dv) -> list[Call]:
+    """The plan's calls for the per-call backward loop, after the stacked window bands that
+    this module serves (vendor kernel on CPU, no mask of any kind, no dropout) have been added into
+    dq, dk, dv; what is left of a band (rows short of a whole chunk) stays in the list, and a band too
+    short for that module is regrouped into bands of a chunk's rows."""
+    vis = prob.vis
+    if not (
+        prob.kernel == "vendor"
+        and q.device.type == "cpu"
+        and prob.dropout is None
+        and not prob.mask_grad
+        and vis.window is not None
+        and vis.attn_mask is None
+        and vis.mod is None
+        and vis.q_doc is None
+        and q.is_contiguous()
+        and k.is_contiguous()
+        and v.is_contiguous()
+    ):
+        return prob.plan.calls
+    calls: list[Call] = []
+    for call in prob.plan.calls:
+        if not chunks(call):
+            calls.append(call)
+            continue
+        head, rest = split(call)
+        if not usable(call):
+            # a short band: the kernel's own backward, on bands of a chunk's rows (its backward of 32-row
+            # bands returns a key gradient 17× the size of dK at W = 512, and runs 1.6× longer)
+            calls += [head] if rest is None else [head, rest]
+            continue
+        tile = prob.vis.tile(
+            head.r0, head.r0 + head.rows, head.c0, head.c0 + head.cols, prob.compute, q.device
+        )
+        backward(head, tile, dout, q, k, v, out, lse, prob.scale, dq, dk, dv)
+        if rest is not None:
+            calls.append(rest)
+    return calls
+
+
+POOL_PIECES = 4  # pieces per thread of a stacked call run on the pool's single-threaded workers
+POOL_MIN_ENTRIES = 1 << 24  # score entries below which one multi-threaded call costs less (T = 1000)
+
+
+def pooled(prob, call: Call, q: torch.Tensor) -> bool:
+    """Whether a stacked call is split into pieces on :mod:`.pool`'s workers: the vendor kernel on CPU
+    splits its rows statically among the threads, so a core kept busy by another process doubles the
+    call's time (measured: 2.4× quiet for the window forward, against 1.5× for SDPA's causal kernel);
+    single-threaded pieces taken from a queue let the free core do more of them."""
+    threads = torch.get_num_threads()
+    return (
+        prob.kernel == "vendor"
+        and q.device.type == "cpu"
+        and threads > 1
+        and call.count >= POOL_PIECES * threads
+        and call.entries() * q.shape[0] * q.shape[1] >= POOL_MIN_ENTRIES
+        and not torch.is_grad_enabled()
+    )
+
+
+def forward_pieces(fn, call: Call, qv, kv, vv, out, lse, b: int) -> None:
+    """``fn(sub_call, q, k, v) -> (out, lse)`` (the engine's kernel forward) of a stacked call (views
+    (B·Hx, count, ...)) in pieces of its sub-calls on the pool, each written into its rows of ``out``
+    (B, Hx, Tq, Dv) / ``lse`` (B, Hx, Tq)."""
+    n = POOL_PIECES * torch.get_num_threads()
+    bounds = [call.count * i // n for i in range(n + 1)]
+
+    def piece(i: int) -> None:
+        s0, s1 = bounds[i], bounds[i + 1]
+        sub = replace(call, r0=call.r0 + s0 * call.rows, c0=call.c0 + s0 * call.step, count=s1 - s0)
+        o, l = fn(sub, qv[:, s0:s1], kv[:, s0:s1], vv[:, s0:s1])
+        rows = slice(sub.r0, sub.r1)
+        out[:, :, rows] = o.unflatten(0, (b, -1)).flatten(2, 3)
+        lse[:, :, rows] = l.unflatten(0, (b, -1)).flatten(2, 3)
+
+    list(pool.run(piece, [i for i in range(n) if bounds[i + 1] > bounds[i]]))

@@ -27,7 +27,7 @@ import torch
 from .._validation import all_finite as _finite
 from .._validation import batched, symbolic
 from ..visibility import Visibility
-from . import band, exact, pool, vendor
+from . import band, exact, vendor
 from .exact import Dropout
 from .merge import merge_into
 from .plan import Call, Plan, band_options, make_plan
@@ -335,8 +335,9 @@ def forward(
                 out[:, :, call.r0 + r0 : call.r0 + r1] = 0
                 lse[:, :, call.r0 + r0 : call.r0 + r1] = -math.inf
         for qv, kv, vv, heads in _call_views(call, q, k, v):
-            if not merge and _pooled(prob, call, q):
-                _pooled_forward(prob, call, qv, kv, vv, bias, out[:, heads], lse[:, heads], b)
+            if not merge and band.pooled(prob, call, q):
+                fn = lambda sub, *views, bias=bias: _kernel_forward(prob, sub, *views, bias)  # noqa: E731
+                band.forward_pieces(fn, call, qv, kv, vv, out[:, heads], lse[:, heads], b)
                 continue
             o, l = _kernel_forward(prob, call, qv, kv, vv, bias)
             o, l = _unstack(call, o, b), _unstack(call, l, b)
@@ -350,43 +351,6 @@ def forward(
         out[:, :, r0:r1] = 0
         lse[:, :, r0:r1] = -math.inf
     return out, lse
-
-
-_POOL_PIECES = 4  # pieces per thread of a stacked call run on the pool's single-threaded workers
-_POOL_MIN_ENTRIES = 1 << 24  # score entries below which one multi-threaded call costs less (T = 1000)
-
-
-def _pooled(prob: Problem, call: Call, q: torch.Tensor) -> bool:
-    """Whether a stacked call is split into pieces on :mod:`.pool`'s workers: the vendor kernel on CPU
-    splits its rows statically among the threads, so a core kept busy by another process doubles the
-    call's time (measured: 2.4× quiet for the window forward, against 1.5× for SDPA's causal kernel);
-    single-threaded pieces taken from a queue let the free core do more of them."""
-    threads = torch.get_num_threads()
-    return (
-        prob.kernel == "vendor"
-        and q.device.type == "cpu"
-        and threads > 1
-        and call.count >= _POOL_PIECES * threads
-        and call.entries() * q.shape[0] * q.shape[1] >= _POOL_MIN_ENTRIES
-        and not torch.is_grad_enabled()
-    )
-
-
-def _pooled_forward(prob, call, qv, kv, vv, bias, out, lse, b) -> None:
-    """:func:`_kernel_forward` of a stacked call (views (B·Hx, count, ...)) in pieces of its sub-calls on
-    the pool, each written into its rows of ``out`` (B, Hx, Tq, Dv) / ``lse`` (B, Hx, Tq)."""
-    n = _POOL_PIECES * torch.get_num_threads()
-    bounds = [call.count * i // n for i in range(n + 1)]
-
-    def piece(i: int) -> None:
-        s0, s1 = bounds[i], bounds[i + 1]
-        sub = replace(call, r0=call.r0 + s0 * call.rows, c0=call.c0 + s0 * call.step, count=s1 - s0)
-        o, l = _kernel_forward(prob, sub, qv[:, s0:s1], kv[:, s0:s1], vv[:, s0:s1], bias)
-        rows = slice(sub.r0, sub.r1)
-        out[:, :, rows] = o.unflatten(0, (b, -1)).flatten(2, 3)
-        lse[:, :, rows] = l.unflatten(0, (b, -1)).flatten(2, 3)
-
-    list(pool.run(piece, [i for i in range(n) if bounds[i + 1] > bounds[i]]))
 
 
 def _runs_of(flags: torch.Tensor) -> list[tuple[int, int]]:
@@ -482,7 +446,7 @@ def backward(
     dmask = None
     if prob.mask_grad and mask is not None:
         dmask = torch.zeros(mask.shape, dtype=prob.compute, device=q.device)
-    for call in _band_first(prob, dout, q, k, v, out, lse, dq, dk, dv):
+    for call in band.backward_calls(prob, dout, q, k, v, out, lse, dq, dk, dv):
         bias = _tile(prob, call, q.device)
         rows = slice(call.r0, call.r1)
         dbias = None if dmask is None or bias is None else torch.zeros_like(bias)
@@ -503,46 +467,6 @@ def backward(
             ms = dmask[..., rows if dmask.shape[-2] != 1 else slice(None), _cols(call, dmask)]
             ms += dbias.sum_to_size(ms.shape)
     return dq, dk, dv, dmask
-
-
-def _band_first(prob: Problem, dout, q, k, v, out, lse, dq, dk, dv) -> list[Call]:
-    """The plan's calls for the per-call backward loop, after the stacked window bands that
-    :mod:`.band` serves (vendor kernel on CPU, no mask of any kind, no dropout) have been added into
-    dq, dk, dv; what is left of a band (rows short of a whole chunk) stays in the list, and a band too
-    short for that module is regrouped into bands of a chunk's rows."""
-    vis = prob.vis
-    if not (
-        prob.kernel == "vendor"
-        and q.device.type == "cpu"
-        and prob.dropout is None
-        and not prob.mask_grad
-        and vis.window is not None
-        and vis.attn_mask is None
-        and vis.mod is None
-        and vis.q_doc is None
-        and q.is_contiguous()
-        and k.is_contiguous()
-        and v.is_contiguous()
-    ):
-        return prob.plan.calls
-    calls: list[Call] = []
-    for call in prob.plan.calls:
-        if not band.chunks(call):
-            calls.append(call)
-            continue
-        head, rest = band.split(call)
-        if not band.usable(call):
-            # a short band: the kernel's own backward, on bands of a chunk's rows (its backward of 32-row
-            # bands returns a key gradient 17× the size of dK at W = 512, and runs 1.6× longer)
-            calls += [head] if rest is None else [head, rest]
-            continue
-        tile = prob.vis.tile(
-            head.r0, head.r0 + head.rows, head.c0, head.c0 + head.cols, prob.compute, q.device
-        )
-        band.backward(head, tile, dout, q, k, v, out, lse, prob.scale, dq, dk, dv)
-        if rest is not None:
-            calls.append(rest)
-    return calls
 
 
 def _cols(call: Call, m: torch.Tensor) -> slice:
