@@ -16,6 +16,8 @@ Usage::
 
     OMP_NUM_THREADS=2 PYTHONPATH=src .venv/bin/python benchmarks/flex_bench.py            # the real sizes
     OMP_NUM_THREADS=2 PYTHONPATH=src .venv/bin/python benchmarks/flex_bench.py --quick    # small sizes
+    OMP_NUM_THREADS=2 PYTHONPATH=src .venv/bin/python benchmarks/flex_bench.py --window-only  # W = 512 rows
+    OMP_NUM_THREADS=2 PYTHONPATH=src .venv/bin/python benchmarks/flex_bench.py --window-only --contended
 """
 
 from __future__ import annotations
@@ -136,23 +138,65 @@ def case_score_mod(
         print(f"  ours / compiled flex (fwd)   {fwd['ours fwd'] / fwd['torch flex (compiled) fwd']:9.2f}×")
 
 
-def case_rate(name: str, mask_mod, t: int, h: int, d: int, rounds: int, rate: float) -> None:
+def case_rate(
+    name: str, mask_mod, t: int, h: int, d: int, rounds: int, rate: float, contended: bool = False
+) -> None:
+    """The window as a fraction of the matmul rate over its visible pairs, beside its peer: SDPA's causal
+    kernel at the T with the same number of pairs (T = 16384, W = 512: ≈ 4096²/2), in the same rounds."""
     q, k, v = (torch.randn(1, h, t, d, requires_grad=True) for _ in range(3))
     bm = sa.create_block_mask(mask_mod, None, None, t, t, device="cpu")
     pairs = h * sum(_count_rows(mask_mod, i, min(t, i + 1024), t) for i in range(0, t, 1024))
+    tp = int(round((2 * pairs / h) ** 0.5))  # causal T with as many visible pairs
+    qp, kp, vp = (torch.randn(1, h, tp, d, requires_grad=True) for _ in range(3))
 
     def ours(q, k, v):
         return sa.flex_attention(q, k, v, block_mask=bm)
 
-    with torch.no_grad():
-        fwd = _interleaved({"fwd": lambda: ours(q, k, v)}, rounds)["fwd"]
-    fb = _interleaved({"fwd+bwd": _fwd_bwd(ours, q, k, v)}, rounds)["fwd+bwd"]
+    def sdpa_causal(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def measure():
+        with torch.no_grad():
+            f = _interleaved({"ours": lambda: ours(q, k, v), "sdpa": lambda: sdpa_causal(qp, kp, vp)}, rounds)
+        b = _interleaved({"ours": _fwd_bwd(ours, q, k, v), "sdpa": _fwd_bwd(sdpa_causal, qp, kp, vp)}, rounds)
+        return f, b
+
+    busy = None
+    if contended:  # the same rounds with one core kept busy by a spinning child process
+        from selfattention.bench import Spinner
+
+        with Spinner() as spin:
+            spin.busy(True)
+            busy = measure()
+    fwd, fb = measure()
     work = 4 * d * pairs
+    peer = 4 * d * h * tp * (tp + 1) / 2
     print(f"\n{name}: T={t}, H={h}, D={d}; float32 matmul rate {rate / 1e9:.1f} GFLOP/s (2048² matmul)")
-    print(f"  fwd      {fwd * 1e3:9.1f} ms   {work / fwd / rate:5.2f} of the matmul rate over visible pairs")
-    print(
-        f"  fwd+bwd  {fb * 1e3:9.1f} ms   {2.5 * work / fb / rate:5.2f} of the matmul rate over visible pairs"
-    )
+    print("  (fraction = work / time / matmul rate; work = 4·D·pairs forward, × 2.5 forward+backward)")
+    for label, sec, w in (
+        ("ours fwd", fwd["ours"], work),
+        ("ours fwd+bwd", fb["ours"], 2.5 * work),
+        (f"sdpa causal T={tp} fwd", fwd["sdpa"], peer),
+        (f"sdpa causal T={tp} fwd+bwd", fb["sdpa"], 2.5 * peer),
+    ):
+        print(
+            f"  {label:28s} {sec * 1e3:9.1f} ms   {w / sec / rate:5.2f} of the matmul rate over visible pairs"
+        )
+    print(f"  ours / sdpa causal (fwd)     {fwd['ours'] / fwd['sdpa']:9.2f}×")
+    print(f"  ours / sdpa causal (f+b)     {fb['ours'] / fb['sdpa']:9.2f}×")
+    if busy is not None:
+        bf, bb = busy
+        print("  one core kept busy (the same rounds, before the quiet ones): busy / quiet")
+        for label, quiet, loaded in (
+            ("ours fwd", fwd["ours"], bf["ours"]),
+            ("ours fwd+bwd", fb["ours"], bb["ours"]),
+            ("sdpa causal fwd", fwd["sdpa"], bf["sdpa"]),
+            ("sdpa causal fwd+bwd", fb["sdpa"], bb["sdpa"]),
+        ):
+            print(f"  {label:28s} {loaded * 1e3:9.1f} ms   {loaded / quiet:5.2f}× quiet")
+        print(
+            f"  ours / sdpa causal busy (fwd, f+b)  {bf['ours'] / bf['sdpa']:.2f}×, {bb['ours'] / bb['sdpa']:.2f}×"
+        )
 
 
 def _count_rows(mask_mod, i0: int, i1: int, t: int) -> int:
@@ -167,6 +211,8 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes (T = 1024 and 2048) for development")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-compile", action="store_true", help="skip torch's compiled flex_attention")
+    ap.add_argument("--window-only", action="store_true", help="only the sliding window 512 rate rows")
+    ap.add_argument("--contended", action="store_true", help="window rows also with one core kept busy")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     rounds = args.rounds or (3 if args.quick else 5)
@@ -174,9 +220,12 @@ def main(argv=None) -> None:
     h, d = 8, 64
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, rounds {rounds} (medians)")
     rate = matmul_rate(rounds)
+    if args.window_only:
+        case_rate("sliding window 512", mods.sliding_window(511), t2, h, d, rounds, rate, args.contended)
+        return
     case_vs_peers("sliding window 256", mods.sliding_window(256), t1, h, d, rounds, not args.no_compile)
     case_vs_peers("prefix-LM 512", mods.prefix_lm(512), t1, h, d, rounds, not args.no_compile)
-    case_rate("sliding window 512", mods.sliding_window(511), t2, h, d, rounds, rate)
+    case_rate("sliding window 512", mods.sliding_window(511), t2, h, d, rounds, rate, args.contended)
     c = not args.no_compile
     case_score_mod("ALiBi + causal", mods.alibi(mods.alibi_slopes(h)), mods.causal_mask, t1, h, d, rounds, c)
     case_score_mod("softcap 30 + causal", mods.softcap(30.0), mods.causal_mask, t1, h, d, rounds, c)

@@ -42,7 +42,7 @@ from ._validation import (
 )
 from .functional import empty_context
 from .kernels import engine
-from .kernels.plan import make_plan
+from .kernels.plan import band_options, make_plan
 from .kernels.stats import AttentionStats, sweep
 from .visibility import Visibility
 
@@ -500,7 +500,7 @@ def describe(
     name, reason = engine.choose_kernel(
         c.q, c.k, c.v, c.vis, dropout_p=dropout_p, mask_grad=c.mask is not None, kernel=kernel
     )
-    plan = make_plan(c.vis, bq, bk, every_tile=c.mask is not None)
+    plan = make_plan(c.vis, bq, bk, every_tile=c.mask is not None, **band_options(c.q.device.type, name, bq))
     total = max(1, c.vis.q_len * c.vis.k_len)
     return PlanInfo(name, reason, plan.strategy, len(plan.calls), plan.entries() / total)
 

@@ -27,10 +27,10 @@ import torch
 from .._validation import all_finite as _finite
 from .._validation import batched, symbolic
 from ..visibility import Visibility
-from . import exact, vendor
+from . import band, exact, vendor
 from .exact import Dropout
 from .merge import merge_into
-from .plan import Call, Plan, make_plan
+from .plan import Call, Plan, band_options, make_plan
 
 __all__ = ["Problem", "choose_kernel", "make_problem", "forward", "backward", "attention", "KERNELS"]
 
@@ -131,7 +131,9 @@ def make_problem(
     if dropout_p > 0.0:
         seed = int(torch.randint(0, 2**62, (), device="cpu")) if dropout_seed is None else int(dropout_seed)
         dropout = Dropout(dropout_p, seed)
-    plan = make_plan(vis, block_q, block_k, every_tile=mask_grad)
+    plan = make_plan(
+        vis, block_q, block_k, every_tile=mask_grad, **band_options(query.device.type, name, block_q)
+    )
     return Problem(
         vis=vis,
         scale=scale,
@@ -320,14 +322,23 @@ def forward(
         a.r1 <= c.r0 for a, c in zip(calls, calls[1:], strict=False)
     ):
         return _concatenated(prob, q, k, v)
-    out = q.new_zeros((b, h, tq, v.shape[-1]))
-    lse = q.new_full((b, h, tq), -math.inf)
+    # not zero-filled: every row is written by its first call, and the rows of no call are filled below
+    out = q.new_empty((b, h, tq, v.shape[-1]))
+    lse = q.new_empty((b, h, tq))
     touched = torch.zeros(tq, dtype=torch.bool)
     for call in prob.plan.calls:
         bias = _tile(prob, call, q.device)
         rows = slice(call.r0, call.r1)
         merge = bool(touched[rows].any())
+        if merge and not bool(touched[rows].all()):  # rows no earlier call wrote start as "sees nothing"
+            for r0, r1 in _runs_of(~touched[rows]):
+                out[:, :, call.r0 + r0 : call.r0 + r1] = 0
+                lse[:, :, call.r0 + r0 : call.r0 + r1] = -math.inf
         for qv, kv, vv, heads in _call_views(call, q, k, v):
+            if not merge and band.pooled(prob, call, q):
+                fn = lambda sub, *views, bias=bias: _kernel_forward(prob, sub, *views, bias)  # noqa: E731
+                band.forward_pieces(fn, call, qv, kv, vv, out[:, heads], lse[:, heads], b)
+                continue
             o, l = _kernel_forward(prob, call, qv, kv, vv, bias)
             o, l = _unstack(call, o, b), _unstack(call, l, b)
             if merge:
@@ -336,7 +347,19 @@ def forward(
                 out[:, heads, rows] = o
                 lse[:, heads, rows] = l
         touched[rows] = True
+    for r0, r1 in _runs_of(~touched):  # rows that see no key: 0 and −inf
+        out[:, :, r0:r1] = 0
+        lse[:, :, r0:r1] = -math.inf
     return out, lse
+
+
+def _runs_of(flags: torch.Tensor) -> list[tuple[int, int]]:
+    """[start, end) of the runs of True in a 1-D bool tensor."""
+    if not bool(flags.any()):
+        return []
+    f = flags.to(torch.int8)
+    edges = torch.diff(f, prepend=f.new_zeros(1), append=f.new_zeros(1)).nonzero().flatten().tolist()
+    return list(zip(edges[::2], edges[1::2], strict=True))
 
 
 def _concatenated(
@@ -423,7 +446,7 @@ def backward(
     dmask = None
     if prob.mask_grad and mask is not None:
         dmask = torch.zeros(mask.shape, dtype=prob.compute, device=q.device)
-    for call in prob.plan.calls:
+    for call in band.backward_calls(prob, dout, q, k, v, out, lse, dq, dk, dv):
         bias = _tile(prob, call, q.device)
         rows = slice(call.r0, call.r1)
         dbias = None if dmask is None or bias is None else torch.zeros_like(bias)
