@@ -329,3 +329,24 @@ def test_transposed_views_are_not_mutated_and_grad_matches_tiled_attention():
     g1 = torch.autograd.grad(out.square().sum(), (qg, kg, vg))
     g2 = torch.autograd.grad(ref.square().sum(), (qg, kg, vg))
     assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(g1, g2, strict=True))
+
+
+@pytest.mark.parametrize("kw", [{"is_causal": True}, {"attn_mask": "random"}], ids=["causal", "mask"])
+def test_top_k_weights_below_the_floor_are_zero_like_the_column_sums(small_tiles, kw):
+    """float32, queries 40× the keys: a row's 2nd/3rd best key can lie below e^-87. The column sums and the
+    entropy count such a weight as 0 (no denormals); the top-k weights reported it as a denormal (1e-40)."""
+    q = _rand(1, 2, 120, 16, dtype=torch.float32, seed=40, sc=40.0)
+    k, v = (
+        _rand(1, 2, 120, 16, dtype=torch.float32, seed=41),
+        _rand(1, 2, 120, 4, dtype=torch.float32, seed=42),
+    )
+    if "attn_mask" in kw:
+        kw = {"attn_mask": torch.rand(120, 120, generator=torch.Generator().manual_seed(43)) > 0.5}
+    _, st = tiled_attention_with_stats(q, k, v, top_k=3, **kw)
+    tiny = torch.finfo(torch.float32).tiny
+    for t in (st.topk_weights, st.column_sums, st.entropy):
+        assert not ((t != 0) & (t.abs() < tiny)).any()
+    vis = kw.get("attn_mask", torch.arange(120) <= torch.arange(120)[:, None])
+    _, _, r_tw, n_vis, _, _, _ = _oracle(q, k, v, vis, 3)
+    assert torch.allclose(st.topk_weights.double(), r_tw, atol=1e-6)
+    assert torch.equal(st.topk_indices >= 0, torch.arange(3) < n_vis[..., None])  # the keys are still named

@@ -100,7 +100,8 @@ def sweep(
                 q * prob.scale, k, neg_lse, -off, prob, top_k, columns, blind, False
             )
     hidden = vals == -math.inf
-    weights = torch.exp(vals).masked_fill(hidden, 0.0)
+    # below the floor a weight is 0, as in the column sums and the entropy (exp would give a denormal)
+    weights = torch.exp(vals).masked_fill(vals < _floor(vals.dtype), 0.0)
     return (
         ent.clamp_min(0.0),
         weights,
