@@ -350,3 +350,33 @@ def test_top_k_weights_below_the_floor_are_zero_like_the_column_sums(small_tiles
     _, _, r_tw, n_vis, _, _, _ = _oracle(q, k, v, vis, 3)
     assert torch.allclose(st.topk_weights.double(), r_tw, atol=1e-6)
     assert torch.equal(st.topk_indices >= 0, torch.arange(3) < n_vis[..., None])  # the keys are still named
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_inference_mode_calls_and_the_calls_after_them(threads):
+    """Under torch.inference_mode (generate, eval loops) the pool's workers ran outside it and refused to
+    write into the sweep's buffers made under it ("Inplace update to inference tensor outside
+    InferenceMode"); and scratch buffers kept per thread, when first made under inference mode, made every
+    later ordinary call on that thread fail the same way."""
+    q, k, v = (_rand(1, 4, 300, 32, dtype=torch.float32, seed=s) for s in (50, 51, 52))
+    mask = torch.rand(300, 300, generator=torch.Generator().manual_seed(53)) > 0.5
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        ref = [
+            tiled_attention_with_stats(q, k, v, top_k=3, **kw)[1]
+            for kw in ({"is_causal": True}, {"attn_mask": mask})
+        ]
+        for dtype in (torch.float64, torch.float32):  # a dtype change makes every thread's scratch anew
+            with torch.inference_mode():
+                got = [
+                    tiled_attention_with_stats(q.to(dtype), k.to(dtype), v.to(dtype), top_k=3, **kw)[1]
+                    for kw in ({"is_causal": True}, {"attn_mask": mask})
+                ]
+            for a, b in zip(ref, got, strict=True):
+                assert torch.allclose(a.entropy, b.entropy.float(), atol=1e-5)
+                assert torch.allclose(a.column_sums, b.column_sums.float(), atol=1e-5)
+        again = tiled_attention_with_stats(q, k, v, is_causal=True, top_k=3)[1]  # same dtype as the last
+        assert torch.allclose(again.entropy, ref[0].entropy, atol=1e-5)
+    finally:
+        torch.set_num_threads(before)

@@ -245,11 +245,12 @@ def _scratch(sizes: tuple[int, int], dtype: torch.dtype, device: torch.device) -
     ):
         n0 = max(sizes[0], 0 if bufs is None or bufs[0].dtype != dtype else bufs[0].numel())
         n1 = max(sizes[1], 0 if bufs is None or bufs[0].dtype != dtype else bufs[1].numel())
-        bufs = (
-            torch.empty(n0, dtype=dtype, device=device),
-            torch.empty(n1, dtype=dtype, device=device),
-            torch.empty(n1, dtype=dtype, device=device),
-        )
+        with torch.inference_mode(False):  # made under inference mode, they would refuse later calls' writes
+            bufs = (
+                torch.empty(n0, dtype=dtype, device=device),
+                torch.empty(n1, dtype=dtype, device=device),
+                torch.empty(n1, dtype=dtype, device=device),
+            )
         _LOCAL.bufs = bufs
     return bufs
 
