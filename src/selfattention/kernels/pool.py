@@ -72,10 +72,12 @@ def run(fn: Callable[[T], R], jobs: Iterable[T]) -> Iterator[R]:
     if workers <= 1:
         return iter([fn(job) for job in jobs])
     ex = _pool(torch.get_num_threads())
-    futures = [ex.submit(_guarded, fn, job) for job in jobs]
+    # the caller's inference mode travels with the jobs: tensors made under it accept in-place ops only there
+    inference = torch.is_inference_mode_enabled()
+    futures = [ex.submit(_guarded, fn, job, inference) for job in jobs]
     return iter([f.result() for f in futures])
 
 
-def _guarded(fn: Callable[[T], R], job: T) -> R:
-    with torch.no_grad():
+def _guarded(fn: Callable[[T], R], job: T, inference: bool) -> R:
+    with torch.inference_mode(inference), torch.no_grad():  # (inference_mode(False) turns grad on)
         return fn(job)

@@ -8,7 +8,10 @@ Given the final log-sum-exp ℓ of every query row (from the kernel's forward), 
 * column sums Σ_i α_ij: the attention each key receives.
 
 The scores are recomputed with torch ops, tile by tile (:func:`selfattention.kernels.stats_tile.row_tile`):
-one ``bmm`` of q with −ℓ as an extra column against kᵀ with a row of ones gives log α directly; then
+one ``bmm`` of q with −ℓ as an extra column against kᵀ with a row of ones gives log α directly (on a
+tile with a bias, s + bias − ℓ is summed in that order instead, and a problem with a bias also sums each
+row's weights: rows where they do not sum to 1 — scores swamped by a −1e9 padding bias — are swept once
+more with −log Σ α as one more term); then
 ``exp``, one sum over the rows (column sums), one product and one sum over the keys (entropy), and for
 top-k one ``amax`` over groups of 16 strided columns, the k best groups being ranked once per span of
 chunks. Tiles are ≤ 1 MiB so that these passes run from L2. The denormal guard (clamp, threshold) runs
@@ -80,34 +83,28 @@ def sweep(
     for canonical q (B, H, Tq, D), k (B, Hkv, Tk, D) in the compute dtype and the final ``lse``, from
     score tiles."""
     b, h, tq, _ = q.shape
-    tk = k.shape[2]
-    ent = q.new_zeros((b, h, tq))  # −Σ α log α
-    vals = q.new_full((b, h, tq, top_k), -math.inf)  # log α of the best keys so far
-    idx = torch.full((b, h, tq, top_k), -1, dtype=torch.int64, device=q.device)
-    cols = q.new_zeros((b, h, tk, 1)) if columns else None
     # log α = s − ℓ; a row that sees nothing gets ℓ = +inf, so α = 0 everywhere
     neg_lse = torch.where(
         lse == -math.inf, torch.full((), -math.inf, dtype=lse.dtype, device=lse.device), -lse
     )
-    qs = q * prob.scale
     blind = bool((lse == -math.inf).any())  # such rows make every tile's scores −inf
-    for call in prob.plan.calls:
-        bias = _tile(prob, call, q.device)
-        rows = slice(call.r0, call.r1)
-        for qv, kv, _, heads in _call_views(call, qs, k, k[..., :0]):
-            (nl,) = _stack_rows(call, neg_lse[:, heads, rows])
-            e, tv, ti, cs = _sweep_view(qv, kv, nl, bias, call, top_k, columns, blind)
-            ent[:, heads, rows] += _unstack(call, e, b)
-            if top_k:
-                merged_v = torch.cat([vals[:, heads, rows], _unstack(call, tv, b)], dim=-1)
-                merged_i = torch.cat([idx[:, heads, rows], _unstack(call, ti, b)], dim=-1)
-                best_v, pick = topk_rounds(merged_v, top_k)
-                vals[:, heads, rows] = best_v
-                idx[:, heads, rows] = merged_i.gather(-1, pick)
-            if cols is not None:
-                _fold(call, cs.unsqueeze(-1), b, cols[:, heads])  # a view: adds into cols
+    biased = any(call.tile for call in prob.plan.calls)
+    corr = q.new_zeros((b, h, tq))
+    ent, vals, idx, cols, zsum = _pass(q * prob.scale, k, neg_lse, corr, prob, top_k, columns, blind, biased)
+    if zsum is not None:
+        # A bias of large finite values (−1e9, finfo.min: transformers' padding rows) swamps the scores: ℓ
+        # itself is then only known to ulp(ℓ), and exp(s + bias − ℓ) no longer sums to 1 (a row masked
+        # everywhere with −1e9 gets weight 1 on every key in float32). Σ_j α_ij is exactly 1 otherwise: where
+        # it is not, one more sweep subtracts log Σ_j α_ij as a separate term, after s + bias − ℓ.
+        seen = zsum > 0
+        off = torch.where(seen, zsum, torch.ones((), dtype=zsum.dtype, device=zsum.device)).log()
+        if bool((off.abs() > math.sqrt(torch.finfo(q.dtype).eps)).any()):
+            ent, vals, idx, cols, _ = _pass(
+                q * prob.scale, k, neg_lse, -off, prob, top_k, columns, blind, False
+            )
     hidden = vals == -math.inf
-    weights = torch.exp(vals).masked_fill(hidden, 0.0)
+    # below the floor a weight is 0, as in the column sums and the entropy (exp would give a denormal)
+    weights = torch.exp(vals).masked_fill(vals < _floor(vals.dtype), 0.0)
     return (
         ent.clamp_min(0.0),
         weights,
@@ -116,14 +113,45 @@ def sweep(
     )
 
 
+def _pass(qs, k, neg_lse, corr, prob: Problem, top_k: int, columns: bool, blind: bool, sums: bool):
+    """One sweep over the plan: (−Σ α log α, top log α, their keys, column sums (B, H, Tk, 1) or None,
+    row sums Σ α or None) with log α = s + bias − ℓ + ``corr``."""
+    b, h, tq, _ = qs.shape
+    tk = k.shape[2]
+    ent = qs.new_zeros((b, h, tq))  # −Σ α log α
+    vals = qs.new_full((b, h, tq, top_k), -math.inf)  # log α of the best keys so far
+    idx = torch.full((b, h, tq, top_k), -1, dtype=torch.int64, device=qs.device)
+    cols = qs.new_zeros((b, h, tk, 1)) if columns else None
+    zsum = qs.new_zeros((b, h, tq)) if sums else None
+    for call in prob.plan.calls:
+        bias = _tile(prob, call, qs.device)
+        rows = slice(call.r0, call.r1)
+        for qv, kv, _, heads in _call_views(call, qs, k, k[..., :0]):
+            nl, cr = _stack_rows(call, neg_lse[:, heads, rows], corr[:, heads, rows])
+            e, tv, ti, cs, zs = _sweep_view(qv, kv, nl, cr, bias, call, top_k, columns, blind, sums)
+            ent[:, heads, rows] += _unstack(call, e, b)
+            if zsum is not None:
+                zsum[:, heads, rows] += _unstack(call, zs, b)
+            if top_k:
+                merged_v = torch.cat([vals[:, heads, rows], _unstack(call, tv, b)], dim=-1)
+                merged_i = torch.cat([idx[:, heads, rows], _unstack(call, ti, b)], dim=-1)
+                best_v, pick = topk_rounds(merged_v, top_k)
+                vals[:, heads, rows] = best_v
+                idx[:, heads, rows] = merged_i.gather(-1, pick)
+            if cols is not None:
+                _fold(call, cs.unsqueeze(-1), b, cols[:, heads])  # a view: adds into cols
+    return ent, vals, idx, cols, zsum
+
+
 _ROWS, _COLS, _TILE = 64, 1024, 1 << 18  # score tiles of ≤ 64 rows × ≤ 1024 keys × heads, ≤ 1 MiB: in L2
 _SPAN = 8  # chunks whose score tiles are kept for one top-k choice: ≤ 8 MiB of scratch per worker
 # _COLS must be a multiple of the top-k group size (16): only a row's last chunk may have a remainder
 
 
-def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
-    """Statistics of one kernel view: q (B', Hq, R, D) already scaled, k (B', Hk, C, D), −ℓ (B', Hq, R).
-    Returns per-row −Σ α log α, top log α and their key positions, and per-head column sums Σ α.
+def _sweep_view(qv, kv, nl, cr, bias, call, top_k: int, columns: bool, blind: bool, sums: bool):
+    """Statistics of one kernel view: q (B', Hq, R, D) already scaled, k (B', Hk, C, D), −ℓ and the
+    correction (B', Hq, R). Returns per-row −Σ α log α, top log α and their key positions, per-head column
+    sums Σ α, and (``sums``) per-row sums Σ α.
 
     The jobs — a few heads × a row tile, over its key chunks (:func:`selfattention.kernels.stats_tile.row_tile`)
     — are independent (each writes its own rows; column sums come back per job and are added here), run
@@ -137,19 +165,28 @@ def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
     tv = qv.new_empty((bq_, hk, g, rows, top_k))
     ti = torch.empty((bq_, hk, g, rows, top_k), dtype=torch.int64, device=qv.device)
     cs = qv.new_zeros((bq_, hk, g, ncols)) if columns else None
+    zs = qv.new_zeros((bq_, hk, g, rows)) if sums else None
     # absolute key position of column 0 of each stacked sub-call (views are (B·Hx, count, ...))
     base = torch.full((bq_, hk, 1, 1, 1), call.c0, dtype=torch.int64, device=qv.device)
     if call.count > 1:
         base = (call.c0 + call.step * torch.arange(call.count, device=qv.device)).repeat(bq_)
         base = base.view(bq_, hk, 1, 1, 1)
-    # −ℓ rides along as one more column of q against a column of ones in k: the gemm gives s − ℓ at once
-    q5 = torch.cat([qv, nl.unsqueeze(-1)], dim=-1).unflatten(1, (hk, g))  # (B', Hk, G, R, D + 1)
+    # −ℓ rides along as one more column of q against a column of ones in k: the gemm gives s − ℓ at once.
+    # Not with a bias: s + bias − ℓ is then summed in that order (a bias of −1e9 and ℓ ≈ −1e9 cancel only
+    # after the bias is added), and the correction is one more term, after them
+    nl5 = None
+    if bias is None:
+        q5 = torch.cat([qv, (nl + cr).unsqueeze(-1)], dim=-1)
+    else:
+        q5 = torch.cat([qv, torch.zeros_like(nl).unsqueeze(-1)], dim=-1)
+        nl5 = torch.stack([nl, cr], dim=-1).unflatten(1, (hk, g))  # (B', Hk, G, R, 2)
+    q5 = q5.unflatten(1, (hk, g))  # (B', Hk, G, R, D + 1)
     kt = torch.cat([kv, kv.new_ones((bq_, hk, ncols, 1))], dim=-1).transpose(-1, -2).contiguous()
     floor = _floor(qv.dtype)
     safe = None
     if finite and bias is None and not blind:
         # s − ℓ ≥ −(|q|·max|k| + ℓ): rows where that stays above the floor cannot give a denormal weight
-        reach = qv.norm(dim=-1) * kv.norm(dim=-1).amax() - nl  # (B', Hq, R)
+        reach = qv.norm(dim=-1) * kv.norm(dim=-1).amax() - (nl + cr)  # (B', Hq, R)
         safe = (reach < -floor - 1.0).unflatten(1, (hk, g))
     bias5 = exact._bias5(bias, hk, g)
     above = _above_diagonal(qv.device)
@@ -171,7 +208,7 @@ def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
         span = min(_SPAN, len(chunks)) if top_k else 1
         s_buf, p_buf, c_buf = _scratch((max(span, 1) * n_rows * wmax, n_rows * wmax), qv.dtype, qv.device)
         return fn(
-            q5, kt, bias5, safe, ent, tv, ti, base, above, s_buf, p_buf, c_buf,
+            q5, kt, bias5, nl5, safe, ent, zs, tv, ti, base, above, s_buf, p_buf, c_buf,
             bi, h0, h1, i0, i1, chunks, call.causal, top_k, columns, blind, finite, floor, max(span, 1),
         )  # fmt: skip
 
@@ -183,6 +220,7 @@ def _sweep_view(qv, kv, nl, bias, call, top_k: int, columns: bool, blind: bool):
         tv.reshape(bq_, hq, rows, top_k),
         ti.reshape(bq_, hq, rows, top_k),
         None if cs is None else cs.reshape(bq_, hq, ncols),
+        None if zs is None else zs.reshape(bq_, hq, rows),
     )
 
 
@@ -207,11 +245,12 @@ def _scratch(sizes: tuple[int, int], dtype: torch.dtype, device: torch.device) -
     ):
         n0 = max(sizes[0], 0 if bufs is None or bufs[0].dtype != dtype else bufs[0].numel())
         n1 = max(sizes[1], 0 if bufs is None or bufs[0].dtype != dtype else bufs[1].numel())
-        bufs = (
-            torch.empty(n0, dtype=dtype, device=device),
-            torch.empty(n1, dtype=dtype, device=device),
-            torch.empty(n1, dtype=dtype, device=device),
-        )
+        with torch.inference_mode(False):  # made under inference mode, they would refuse later calls' writes
+            bufs = (
+                torch.empty(n0, dtype=dtype, device=device),
+                torch.empty(n1, dtype=dtype, device=device),
+                torch.empty(n1, dtype=dtype, device=device),
+            )
         _LOCAL.bufs = bufs
     return bufs
 

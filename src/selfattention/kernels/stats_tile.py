@@ -98,8 +98,10 @@ def row_tile(
     q5: torch.Tensor,
     kt: torch.Tensor,
     bias5: Optional[torch.Tensor],  # noqa: UP045
+    nl5: Optional[torch.Tensor],  # noqa: UP045
     safe5: Optional[torch.Tensor],  # noqa: UP045
     ent: torch.Tensor,
+    zs: Optional[torch.Tensor],  # noqa: UP045
     tv: torch.Tensor,
     ti: torch.Tensor,
     base: torch.Tensor,
@@ -127,7 +129,9 @@ def row_tile(
     None.
 
     q5 (B', Hk, G, R, D + 1) scaled queries with −ℓ last, kt (B', Hk, D + 1, C) keys with a row of ones,
-    bias5 broadcastable to (B', Hk, G, R, C) (−inf hides), safe5 bool (B', Hk, G, R) rows whose weights
+    bias5 broadcastable to (B', Hk, G, R, C) (−inf hides) — then q5's last column is 0 and nl5
+    (B', Hk, G, R, 2) holds −ℓ and a correction, added after the bias —, ``zs`` (B', Hk, G, R) or None
+    receives the rows' Σ α; safe5 bool (B', Hk, G, R) rows whose weights
     cannot fall below e^floor, ``above`` a bool square at least rows × rows, True above the diagonal;
     scratch: ``s_buf`` ≥ span·rows·wmax, ``p_buf`` and ``c_buf`` ≥ rows·wmax elements. Each chunk's
     log-weights stay in ``s_buf`` (up to ``span`` chunks) for :func:`span_topk`."""
@@ -147,6 +151,12 @@ def row_tile(
     if columns:
         cs = torch.zeros((n, g, chunks[len(chunks) - 1][1]), dtype=q5.dtype, device=q5.device)
     entb = ent[bi, h0:h1, :, i0:i1]
+    zb: Optional[torch.Tensor] = None  # noqa: UP045
+    if zs is not None:
+        zb = zs[bi, h0:h1, :, i0:i1]
+    nlb: Optional[torch.Tensor] = None  # noqa: UP045
+    if nl5 is not None:
+        nlb = nl5[bi, h0:h1, :, i0:i1]  # (n, g, r, 2)
     bias: Optional[torch.Tensor] = None  # noqa: UP045
     if bias5 is not None:
         bias = bias5[bi] if bias5.size(0) != 1 else bias5[0]
@@ -179,6 +189,9 @@ def row_tile(
             if blk.size(-1) != 1:
                 blk = blk[:, :, :, j0:j1]
             s4.add_(blk)
+            if nlb is not None:  # s + bias first, then − ℓ, then the correction
+                s4.add_(nlb[:, :, :, 0:1])
+                s4.add_(nlb[:, :, :, 1:2])
             # −inf hides the key even where its score is NaN/inf (NaN + −inf = NaN): a select, not a sum
             s4.masked_fill_(blk == float("-inf"), float("-inf"))
             masked = True
@@ -207,6 +220,8 @@ def row_tile(
             torch.threshold_(p, thr, 0.0)
         if cs is not None:
             cs[:, :, j0:j1] += p.view(n, g, r, w).sum(2)
+        if zb is not None:
+            zb.add_(p.sum(-1).view(n, g, r))
         p.mul_(lg)  # p is scratch: α log α in place
         if fix_tri:  # 0 · (−inf) above the diagonal
             p.view(n, g, r, w)[:, :, :, a - j0 :].masked_fill_(above[:r, a - i0 : j1 - i0], 0.0)
