@@ -174,8 +174,10 @@ def create_block_mask(
     ([[1, 0], [1, 1]], [[[1, 1]]], [[[0, 1]]])
     """
     _check_mask_mod(mask_mod)
-    if _positional_args(mask_mod) != 4:
-        raise TypeError("create_block_mask requires a mask_mod (b, h, q_idx, kv_idx), not a score_mod")
+    n_args = _positional_args(mask_mod)
+    if n_args != 4:
+        what = "a score_mod" if n_args == 5 else f"a function of {n_args} positional arguments"
+        raise TypeError(f"create_block_mask requires a mask_mod (b, h, q_idx, kv_idx), got {what}")
     b_, h_ = _sizes(B, H, Q_LEN, KV_LEN)
     bq, bk = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
     for n in (bq, bk):
@@ -424,7 +426,9 @@ def flex_attention(
     tk = key.shape[2]
     if scale is None:
         scale = 1.0 / math.sqrt(e) if e > 0 else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, int | float) or not math.isfinite(scale):
+    elif isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise TypeError(f"scale must be a finite number or None, got {type(scale).__name__}")
+    elif not math.isfinite(scale):
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
     if key.shape[0] != b:
         key, value = key.expand(b, *key.shape[1:]), value.expand(b, *value.shape[1:])
