@@ -61,16 +61,10 @@ def summary_table(result: dict) -> Table:
     rows = result["rows"]
     by = {(r["t"], r["heads"], r["variant"], r["pass"], r["impl"]): r for r in rows}
     table = Table(box=None, pad_edge=False, show_edge=False)
-    for head in (
-        _("T"),
-        _("mask"),
-        _("pass"),
-        _("tiled"),
-        _("SDPA"),
-        _("flex"),
-        _("tiled/SDPA"),
-        _("tiled/flex"),
-    ):
+    flex = any(r["impl"] == "flex" for r in rows)  # no flex columns when flex was left out (--no-flex)
+    heads = [_("T"), _("mask"), _("pass"), _("tiled"), _("SDPA")] + ([_("flex")] if flex else [])
+    heads += [_("tiled/SDPA")] + ([_("tiled/flex")] if flex else [])
+    for head in heads:
         table.add_column(head, justify="left" if head in (_("mask"), _("pass")) else "right", no_wrap=True)
     seen = []
     for r in rows:
@@ -91,16 +85,9 @@ def summary_table(result: dict) -> Table:
 
         cfg = result["meta"]["config"]
         mask = _(_MASKS.get(key[2], key[2])).format(window=cfg.get("window"), documents=cfg.get("documents"))
-        table.add_row(
-            str(key[0]),
-            mask,
-            key[3],
-            secs(til),
-            secs(sd),
-            secs(fx),
-            ratio(til.get("ratio_vs_sdpa")),
-            ratio(til.get("ratio_vs_flex")),
-        )
+        cells = [str(key[0]), mask, key[3], secs(til), secs(sd)] + ([secs(fx)] if flex else [])
+        cells += [ratio(til.get("ratio_vs_sdpa"))] + ([ratio(til.get("ratio_vs_flex"))] if flex else [])
+        table.add_row(*cells)
     return table
 
 
