@@ -23,14 +23,7 @@ from selfattention.kernels import biased  # noqa: E402
 from tests.oracle import attention_ref  # noqa: E402
 from tests.tiny_models import build  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def registered():
-    hf.register()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("hf_registered")
 
 
 @pytest.fixture

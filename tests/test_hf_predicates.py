@@ -20,14 +20,7 @@ from selfattention import hf, hf_dense, hf_masks  # noqa: E402
 from tests import tiny_models  # noqa: E402
 from tests.tiny_models import build  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def registered():
-    hf.register()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("hf_registered")
 
 
 def _padding(b: int, t: int) -> torch.Tensor:

@@ -21,14 +21,7 @@ from transformers import masking_utils as mu  # noqa: E402
 from selfattention import hf, hf_dense, mods  # noqa: E402
 from tests.test_hf_grad import reference  # noqa: E402
 
-
-@pytest.fixture(scope="module", autouse=True)
-def registered():
-    hf.register()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("hf_registered")
 
 
 @pytest.fixture

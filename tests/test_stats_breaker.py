@@ -14,7 +14,6 @@ import threading
 import pytest
 import torch
 
-from selfattention.kernels import stats, stats_tile
 from selfattention.tiled import tiled_attention, tiled_attention_with_stats
 
 
@@ -58,16 +57,9 @@ def _check(st, out, ref, top_k, tol):
         assert not ((srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)).any(), "a key reported twice"
 
 
-@pytest.fixture(params=["script", "python"])
-def small_tiles(request, monkeypatch):
-    """Scripted and plain-Python job, with tiles small enough for several chunks, spans and head groups."""
-    fn = stats_tile.compiled() if request.param == "script" else stats_tile.row_tile
-    monkeypatch.setattr(stats_tile, "_COMPILED", [fn])
-    monkeypatch.setattr(stats, "_ROWS", 8)
-    monkeypatch.setattr(stats, "_COLS", 48)
-    monkeypatch.setattr(stats, "_SPAN", 2)
-    monkeypatch.setattr(stats, "_TILE", 8 * 48 * 2)
-    return request.param
+@pytest.fixture
+def small_tiles(small_stat_tiles):
+    return small_stat_tiles
 
 
 def _rand(*shape, dtype=torch.float64, seed=0, sc=1.0):

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from selfattention.kernels import stats, stats_tile
+from selfattention.kernels import stats_tile
 from selfattention.tiled import tiled_attention_with_stats
 from tests.oracle import visible_mask
 
@@ -26,16 +26,9 @@ def _ref(q, k, v, vis, top_k):
     return w @ vr, lse, ent, tw, ti.masked_fill(tw == 0, -1), w.sum(-2)
 
 
-@pytest.fixture(params=["script", "python"])
-def job(request, monkeypatch):
-    """Runs the test with the scripted job and with the plain Python one; small tiles either way."""
-    fn = stats_tile.compiled() if request.param == "script" else stats_tile.row_tile
-    monkeypatch.setattr(stats_tile, "_COMPILED", [fn])
-    monkeypatch.setattr(stats, "_ROWS", 8)
-    monkeypatch.setattr(stats, "_COLS", 48)
-    monkeypatch.setattr(stats, "_SPAN", 2)
-    monkeypatch.setattr(stats, "_TILE", 8 * 48 * 2)  # two key heads per job at most
-    return request.param
+@pytest.fixture
+def job(small_stat_tiles):
+    return small_stat_tiles
 
 
 def test_the_job_is_scripted_on_this_torch():
