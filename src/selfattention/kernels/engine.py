@@ -27,10 +27,9 @@ import torch
 from .._validation import all_finite as _finite
 from .._validation import batched, symbolic
 from ..visibility import Visibility
-from . import band, exact, vendor
+from . import band, call_ops, exact, row_chunks, vendor
 from .exact import Dropout
-from .merge import merge_into
-from .plan import Call, Plan, band_options, make_plan
+from .plan import Plan, band_options, make_plan
 
 __all__ = ["Problem", "choose_kernel", "make_problem", "forward", "backward", "attention", "KERNELS"]
 
@@ -149,163 +148,6 @@ def make_problem(
     )
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Views of one call
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _call_views(call: Call, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """(query rows, keys, values, head slice) per kernel call: one for a plain call; for ``count`` stacked
-    calls, strided views (B·H, count, rows, D) / (B·Hkv, count, cols, D) — one per query-head group with
-    grouped heads, so that each view has as many query as key/value heads. Nothing is copied."""
-    r0, r1 = call.r0, call.r1
-    if call.count == 1:
-        if (r0, r1, call.c0, call.c1) == (0, q.shape[2], 0, k.shape[2]):  # the whole problem: no slicing
-            yield q, k, v, slice(None)
-        else:
-            yield q[:, :, r0:r1], k[:, :, call.c0 : call.c1], v[:, :, call.c0 : call.c1], slice(None)
-        return
-    h, hkv = q.shape[1], k.shape[1]
-    g = h // hkv
-
-    def band(t: torch.Tensor) -> torch.Tensor:  # (B, Hk, C, X) → (B·Hk, count, cols, X)
-        t = t[:, :, call.c0 : call.c1].unfold(2, call.cols, call.step)  # (B, Hk, count, X, cols)
-        return t.transpose(-1, -2).flatten(0, 1)
-
-    kb, vb = band(k), band(v)
-    for gi in range(g):
-        heads = slice(gi, None, g) if g > 1 else slice(None)
-        qg = q[:, heads, r0:r1].unflatten(2, (call.count, call.rows)).flatten(0, 1)  # (B·Hkv, count, rows, D)
-        yield qg, kb, vb, heads
-
-
-def _unstack(call: Call, t: torch.Tensor, b: int) -> torch.Tensor:
-    """A kernel result (B·Hx, count, rows, ...) of a stacked call back to (B, Hx, count·rows, ...)."""
-    if call.count == 1:
-        return t
-    return t.unflatten(0, (b, -1)).flatten(2, 3)
-
-
-def _fold(call: Call, t: torch.Tensor, b: int, into: torch.Tensor) -> None:
-    """Add per-sub-call key gradients (B·Hkv, count, cols, X) into ``into`` (B, Hkv, Tk, X)."""
-    if call.count == 1:
-        into[:, :, call.c0 : call.c1] += t
-        return
-    t = t.unflatten(0, (b, -1))  # (B, Hkv, count, cols, X)
-    if call.step == call.cols:
-        into[:, :, call.c0 : call.c1] += t.flatten(2, 3)
-        return
-    for n in range(call.count):  # overlapping bands
-        c = call.c0 + n * call.step
-        into[:, :, c : c + call.cols] += t[:, :, n]
-
-
-def _tile(prob: Problem, call: Call, device: torch.device) -> torch.Tensor | None:
-    if not call.tile:
-        return None
-    tile = prob.vis.tile(
-        call.r0,
-        call.r0 + call.rows,
-        call.c0,
-        call.c0 + call.cols,
-        prob.compute,
-        device,
-        structure=not call.causal,
-    )
-    if tile is None and prob.mask_grad:  # a block of a learned mask that happens to be all 0: dS is still due
-        tile = torch.zeros((1, 1, call.rows, call.cols), dtype=prob.compute, device=device)
-    return tile
-
-
-def _row_seen(bias: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Bool (b, h, rows) of the rows that see at least one key of a bias tile — for a ``causal`` (square,
-    diagonal) call only the keys up to the row's own position count: a key the bias shows but the
-    kernel's causal rule hides is not seen (a row with none gets lse = 0 from the fused kernel)."""
-    shown = bias != -math.inf
-    if causal:
-        rows, cols = bias.shape[-2], bias.shape[-1]
-        if rows == 1:  # a key mask riding along, broadcast over the rows: give it its rows
-            rows = cols
-            shown = shown.expand(*shown.shape[:-2], rows, cols)
-        shown = shown & torch.ones(rows, cols, dtype=torch.bool, device=bias.device).tril()
-    return shown.any(dim=-1)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Forward and backward over the plan
-# ---------------------------------------------------------------------------------------------------------
-
-
-_SMALL = 4096  # elements: below this a CPU result is checked in Python (a decode step's 8 rows of 64)
-_NUMPY_DTYPES = (torch.float32, torch.float64)
-
-
-def _common_case(o: torch.Tensor, l: torch.Tensor) -> bool:
-    """Whether sum(o) is finite and no lse is 0, ±inf or NaN (see :func:`_kernel_forward`). A small CPU
-    result is read in Python (one pass, no torch op: each costs microseconds, more right after a kernel
-    that streamed the cache through the CPU caches); else one number, sum(out) + sum(log|lse|)."""
-    if (
-        o.device.type == "cpu"
-        and o.numel() + l.numel() <= _SMALL
-        and o.dtype in _NUMPY_DTYPES
-        and l.dtype in _NUMPY_DTYPES
-        and not (o.requires_grad or l.requires_grad)
-    ):
-        return math.isfinite(sum(o.numpy().ravel().tolist())) and all(
-            0.0 < abs(x) < math.inf for x in l.numpy().ravel().tolist()
-        )
-    return math.isfinite(l.abs().log_().sum().add_(o.sum()).item())
-
-
-def _verify(o: torch.Tensor, l: torch.Tensor, seen: torch.Tensor | None) -> None:
-    """Raise _NotFinite when a fused result (o, l) may have touched a NaN/inf input (see _kernel_forward)."""
-    if not _common_case(o, l):
-        if not math.isfinite(o.sum().item()):
-            raise _NotFinite
-        empty = ((l == 0) | ~torch.isfinite(l)) & (o == 0).all(dim=-1)
-        if seen is not None:
-            empty = empty & seen
-        if bool(empty.any()):
-            raise _NotFinite
-
-
-def _kernel_forward(prob: Problem, call: Call, qv, kv, vv, bias, check: bool = True):
-    if prob.kernel == "vendor":
-        o, l = vendor.forward(qv, kv, vv, bias, call.causal, prob.scale)
-        seen = None
-        # a row the bias leaves blind comes back with lse 0 (or not finite): only then is it looked for
-        if bias is not None and bool(((l == 0) | ~torch.isfinite(l)).any()):
-            seen = _row_seen(bias, call.causal)
-        if prob.verify:
-            # Nothing was scanned for NaN/inf (see choose_kernel). A result that touched one is either not
-            # finite (NaN · 0, +inf scores) or, as the fused kernel drops a NaN score like a hidden one, a
-            # row that comes back as "sees nothing" (out 0, lse 0 or −inf) although it may see keys (a
-            # NaN query row, or every visible key NaN). Either goes to the exact kernel (rare: also an
-            # all-zero row of real data). One synchronisation for the common case (per-call cost matters
-            # at small T): the output's sum is finite and no |lse| is 0, inf or NaN. (Not the signs of the
-            # lse alone: the first rows of a causal problem see few keys, and their lse is often negative.)
-            # One number says both: log|lse| is finite unless an lse is 0, ±inf or NaN (and never overflows
-            # a sum), so sum(out) + sum(log|lse|) is finite exactly when the common case holds (or a sum
-            # overflowed: then the precise checks below decide).
-            if check:
-                _verify(o, l, seen)
-        if seen is not None and not bool(seen.all()):  # the fused kernel gives a blind row lse = 0: −inf
-            l = torch.where(seen, l, torch.full((), -math.inf, dtype=l.dtype, device=l.device))
-        return o, l
-    drop = None if prob.dropout is None else prob.dropout.at(call.r0, call.c0)
-    return exact.forward(
-        qv,
-        kv,
-        vv,
-        bias,
-        call.causal,
-        prob.scale,
-        dropout=drop,
-        block_q=prob.exact_block_q,
-        block_k=prob.exact_block_k,
-    )
-
-
 def forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prob: Problem
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,51 +157,23 @@ def forward(
     if len(calls) == 1 and calls[0].count == 1 and (calls[0].r0, calls[0].rows) == (0, tq):
         # one call over every row (dense, plain causal, a mask that skips nothing): its result is the result
         call = calls[0]
-        ((qv, kv, vv, _),) = _call_views(call, q, k, v)
-        o, l = _kernel_forward(prob, call, qv, kv, vv, _tile(prob, call, q.device) if call.tile else None)
+        ((qv, kv, vv, _),) = call_ops.call_views(call, q, k, v)
+        o, l = call_ops.kernel_forward(
+            prob, call, qv, kv, vv, call_ops.tile(prob, call, q.device) if call.tile else None
+        )
         return o, (l if l.dtype == q.dtype else l.to(q.dtype))
     if all(c.count == 1 and not c.tile for c in calls) and all(
         a.r1 <= c.r0 for a, c in zip(calls, calls[1:], strict=False)
     ):
         return _concatenated(prob, q, k, v)
-    # not zero-filled: every row is written by its first call, and the rows of no call are filled below
+    chunks = row_chunks.chunked(prob, q, k)
+    if chunks is not None:  # many calls on CPU: chunks of rows on single-threaded workers
+        return row_chunks.forward_chunks(prob, q, k, v, chunks)
+    # not zero-filled: every row is written by its first call, and the rows of no call are filled there
     out = q.new_empty((b, h, tq, v.shape[-1]))
     lse = q.new_empty((b, h, tq))
-    touched = torch.zeros(tq, dtype=torch.bool)
-    for call in prob.plan.calls:
-        bias = _tile(prob, call, q.device)
-        rows = slice(call.r0, call.r1)
-        merge = bool(touched[rows].any())
-        if merge and not bool(touched[rows].all()):  # rows no earlier call wrote start as "sees nothing"
-            for r0, r1 in _runs_of(~touched[rows]):
-                out[:, :, call.r0 + r0 : call.r0 + r1] = 0
-                lse[:, :, call.r0 + r0 : call.r0 + r1] = -math.inf
-        for qv, kv, vv, heads in _call_views(call, q, k, v):
-            if not merge and band.pooled(prob, call, q):
-                fn = lambda sub, *views, bias=bias: _kernel_forward(prob, sub, *views, bias)  # noqa: E731
-                band.forward_pieces(fn, call, qv, kv, vv, out[:, heads], lse[:, heads], b)
-                continue
-            o, l = _kernel_forward(prob, call, qv, kv, vv, bias)
-            o, l = _unstack(call, o, b), _unstack(call, l, b)
-            if merge:
-                merge_into(out[:, heads, rows], lse[:, heads, rows], o, l)
-            else:
-                out[:, heads, rows] = o
-                lse[:, heads, rows] = l
-        touched[rows] = True
-    for r0, r1 in _runs_of(~touched):  # rows that see no key: 0 and −inf
-        out[:, :, r0:r1] = 0
-        lse[:, :, r0:r1] = -math.inf
+    row_chunks.run_calls(prob, calls, q, k, v, out, lse, 0, tq)
     return out, lse
-
-
-def _runs_of(flags: torch.Tensor) -> list[tuple[int, int]]:
-    """[start, end) of the runs of True in a 1-D bool tensor."""
-    if not bool(flags.any()):
-        return []
-    f = flags.to(torch.int8)
-    edges = torch.diff(f, prepend=f.new_zeros(1), append=f.new_zeros(1)).nonzero().flatten().tolist()
-    return list(zip(edges[::2], edges[1::2], strict=True))
 
 
 def _concatenated(
@@ -380,8 +194,8 @@ def _concatenated(
             gaps = True
             outs.append(q.new_zeros((b, h, call.r0 - at, dv)))
             lses.append(q.new_full((b, h, call.r0 - at), -math.inf))
-        ((qv, kv, vv, _),) = _call_views(call, q, k, v)
-        o, l = _kernel_forward(prob, call, qv, kv, vv, None, check=False)
+        ((qv, kv, vv, _),) = call_ops.call_views(call, q, k, v)
+        o, l = call_ops.kernel_forward(prob, call, qv, kv, vv, None, check=False)
         outs.append(o)
         lses.append(l.to(q.dtype))
         at = call.r1
@@ -396,9 +210,9 @@ def _concatenated(
             covered = torch.zeros(tq, dtype=torch.bool, device=q.device)
             for call in prob.plan.calls:
                 covered[call.r0 : call.r1] = True
-            _verify(out[:, :, covered], lse[:, :, covered], None)
+            call_ops.verify(out[:, :, covered], lse[:, :, covered], None)
         else:
-            _verify(out, lse, None)
+            call_ops.verify(out, lse, None)
     return out, lse
 
 
@@ -439,19 +253,22 @@ def backward(
     ):  # one call over everything: its gradients are the gradients (no zero-filled copies to add into)
         call = calls[0]
         gq, gk, gv = vendor.backward(
-            dout, q, k, v, out, lse, _tile(prob, call, q.device), call.causal, prob.scale
+            dout, q, k, v, out, lse, call_ops.tile(prob, call, q.device), call.causal, prob.scale
         )
         return gq, gk, gv, None
+    chunks = None if prob.mask_grad else row_chunks.chunked(prob, q, k)
+    if chunks is not None:  # many calls on CPU: chunks of rows on single-threaded workers
+        return (*row_chunks.backward_chunks(prob, calls, dout, q, k, v, out, lse, chunks), None)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     dmask = None
     if prob.mask_grad and mask is not None:
         dmask = torch.zeros(mask.shape, dtype=prob.compute, device=q.device)
     for call in band.backward_calls(prob, dout, q, k, v, out, lse, dq, dk, dv):
-        bias = _tile(prob, call, q.device)
+        bias = call_ops.tile(prob, call, q.device)
         rows = slice(call.r0, call.r1)
         dbias = None if dmask is None or bias is None else torch.zeros_like(bias)
-        for qv, kv, vv, heads in _call_views(call, q, k, v):
-            sub = _stack_rows(call, dout[:, heads, rows], out[:, heads, rows], lse[:, heads, rows])
+        for qv, kv, vv, heads in call_ops.call_views(call, q, k, v):
+            sub = call_ops.stack_rows(call, dout[:, heads, rows], out[:, heads, rows], lse[:, heads, rows])
             if prob.kernel == "vendor":
                 gq, gk, gv = vendor.backward(*sub[:1], qv, kv, vv, *sub[1:], bias, call.causal, prob.scale)
             else:
@@ -460,33 +277,18 @@ def backward(
                     sub[0], qv, kv, vv, sub[1], sub[2], bias, call.causal, prob.scale, dropout=drop, dbias=dbias,
                     block_q=prob.exact_block_q, block_k=prob.exact_block_k,
                 )  # fmt: skip
-            dq[:, heads, rows] += _unstack(call, gq, b)
-            _fold(call, gk, b, dk)
-            _fold(call, gv, b, dv)
+            dq[:, heads, rows] += call_ops.unstack(call, gq, b)
+            call_ops.fold(call, gk, b, dk)
+            call_ops.fold(call, gv, b, dv)
         if dbias is not None:
-            ms = dmask[..., rows if dmask.shape[-2] != 1 else slice(None), _cols(call, dmask)]
+            ms = dmask[..., rows if dmask.shape[-2] != 1 else slice(None), call_ops.cols_of(call, dmask)]
             ms += dbias.sum_to_size(ms.shape)
     return dq, dk, dv, dmask
-
-
-def _cols(call: Call, m: torch.Tensor) -> slice:
-    return slice(call.c0, call.c1) if m.shape[-1] != 1 else slice(None)
-
-
-def _stack_rows(call: Call, *ts: torch.Tensor) -> list[torch.Tensor]:
-    """Row tensors (B, Hx, count·rows, ...) of a stacked call as (B·Hx, count, rows, ...)."""
-    if call.count == 1:
-        return list(ts)
-    return [t.unflatten(2, (call.count, call.rows)).flatten(0, 1) for t in ts]
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Autograd
 # ---------------------------------------------------------------------------------------------------------
-
-
-class _NotFinite(Exception):
-    """Raised inside a deferred-check forward when a fused call met NaN/inf (see :func:`choose_kernel`)."""
 
 
 def _dense_rows(t: torch.Tensor) -> torch.Tensor:
@@ -503,10 +305,10 @@ def _checked_forward(q, k, v, prob: Problem) -> tuple[torch.Tensor, torch.Tensor
     """:func:`forward` in the compute dtype, with the deferred NaN/inf check of ``prob.verify``; returns the
     problem that produced the result (the exact kernel's when the fused result had to be recomputed)."""
     c = prob.compute
-    try:  # with prob.verify, _kernel_forward checks every call's result and raises _NotFinite
+    try:  # with prob.verify, call_ops.kernel_forward checks every call's result and raises call_ops.NotFinite
         qc, kc, vc = (t if t.dtype == c else t.to(c) for t in (q, k, v))
         out, lse = forward(_dense_rows(qc), _dense_rows(kc), _dense_rows(vc), prob)
-    except _NotFinite:
+    except call_ops.NotFinite:
         # the inputs held NaN/inf (see choose_kernel): recompute on the exact kernel
         c = torch.promote_types(q.dtype, torch.float32)
         prob = replace(prob, kernel="exact", reason=NON_FINITE, compute=c, verify=False)

@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import exact, pool
-from .engine import Problem, _call_views, _fold, _stack_rows, _tile, _unstack
+from . import call_ops, exact, pool
+from .engine import Problem
 from .stats_tile import compiled, topk_rounds
 
 __all__ = ["AttentionStats", "sweep"]
@@ -124,22 +124,22 @@ def _pass(qs, k, neg_lse, corr, prob: Problem, top_k: int, columns: bool, blind:
     cols = qs.new_zeros((b, h, tk, 1)) if columns else None
     zsum = qs.new_zeros((b, h, tq)) if sums else None
     for call in prob.plan.calls:
-        bias = _tile(prob, call, qs.device)
+        bias = call_ops.tile(prob, call, qs.device)
         rows = slice(call.r0, call.r1)
-        for qv, kv, _, heads in _call_views(call, qs, k, k[..., :0]):
-            nl, cr = _stack_rows(call, neg_lse[:, heads, rows], corr[:, heads, rows])
+        for qv, kv, _, heads in call_ops.call_views(call, qs, k, k[..., :0]):
+            nl, cr = call_ops.stack_rows(call, neg_lse[:, heads, rows], corr[:, heads, rows])
             e, tv, ti, cs, zs = _sweep_view(qv, kv, nl, cr, bias, call, top_k, columns, blind, sums)
-            ent[:, heads, rows] += _unstack(call, e, b)
+            ent[:, heads, rows] += call_ops.unstack(call, e, b)
             if zsum is not None:
-                zsum[:, heads, rows] += _unstack(call, zs, b)
+                zsum[:, heads, rows] += call_ops.unstack(call, zs, b)
             if top_k:
-                merged_v = torch.cat([vals[:, heads, rows], _unstack(call, tv, b)], dim=-1)
-                merged_i = torch.cat([idx[:, heads, rows], _unstack(call, ti, b)], dim=-1)
+                merged_v = torch.cat([vals[:, heads, rows], call_ops.unstack(call, tv, b)], dim=-1)
+                merged_i = torch.cat([idx[:, heads, rows], call_ops.unstack(call, ti, b)], dim=-1)
                 best_v, pick = topk_rounds(merged_v, top_k)
                 vals[:, heads, rows] = best_v
                 idx[:, heads, rows] = merged_i.gather(-1, pick)
             if cols is not None:
-                _fold(call, cs.unsqueeze(-1), b, cols[:, heads])  # a view: adds into cols
+                call_ops.fold(call, cs.unsqueeze(-1), b, cols[:, heads])  # a view: adds into cols
     return ent, vals, idx, cols, zsum
 
 
