@@ -11,8 +11,8 @@ import torch
 
 import selfattention as sa
 from selfattention import create_block_mask, flex_attention
-from selfattention.tiled import tiled_attention
 from selfattention.kernels import row_chunks
+from selfattention.tiled import tiled_attention
 
 
 @pytest.fixture
