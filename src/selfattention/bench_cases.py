@@ -52,7 +52,10 @@ def visible_fraction(spec: dict) -> float:
     if variant == "window":
         w = min(spec["window"], t)
         return (w * t - w * (w - 1) / 2) / t**2
-    return 1.0 / spec["documents"]
+    n = spec["documents"]
+    size = t // n
+    last = t - (n - 1) * size  # the last document takes the rest, as in case_masks
+    return ((n - 1) * size**2 + last**2) / t**2  # 1 / n when n divides T
 
 
 def case_masks(spec: dict):
