@@ -92,3 +92,69 @@ def test_spinner_runs_only_when_busy_and_dies_on_close():
         time.sleep(0.5)
         assert cpu_s(pid) - paused > 0.05  # running
     assert sp.proc.poll() is not None  # killed and reaped
+
+
+def test_visible_fraction_is_the_share_of_pairs_the_mask_lets_through():
+    """The fraction the GFLOP/s are scaled by, against a count of the True entries of an independent mask
+    (T = 100 is no multiple of the 8 documents nor of the window 7)."""
+    import torch
+
+    from selfattention.bench_cases import visible_fraction
+
+    t = 100
+    q = torch.arange(t)[:, None]
+    kv = torch.arange(t)[None, :]
+    ids = torch.clamp(torch.arange(t) // (t // 8), max=7)  # 8 documents of 12, the last one takes the rest
+    oracle = {
+        "dense": torch.ones(t, t, dtype=torch.bool),
+        "causal": q >= kv,
+        "stats": q >= kv,
+        "window": (q >= kv) & (q - kv < 7),
+        "documents": ids[:, None] == ids[None, :],
+    }
+    for variant, mask in oracle.items():
+        spec = {"t": t, "variant": variant, "window": 7, "documents": 8}
+        assert abs(visible_fraction(spec) - mask.sum().item() / t**2) < 1e-12, variant
+    assert visible_fraction({"t": 96, "variant": "documents", "documents": 8}) == 1 / 8
+
+
+def test_case_masks_agree_with_each_other():
+    """The dense bool mask SDPA gets and the mask_mod flex gets say the same for window and documents."""
+    import torch
+
+    from selfattention.bench_cases import case_masks
+
+    t = 50
+    q, kv = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    for variant in ("window", "documents"):
+        kw, dense, mod = case_masks({"t": t, "variant": variant, "window": 6, "documents": 4})
+        assert kw and dense.shape == (t, t)
+        assert torch.equal(dense, mod(0, 0, q, kv)), variant
+        assert 0 < dense.float().mean() < 1
+
+
+def test_table_formatters():
+    from selfattention.bench_table import fmt_ratio, fmt_seconds
+
+    assert [fmt_seconds(x) for x in (None, 0.0123, 0.9994, 1.0, 12.345)] == [
+        "—",
+        "12.3 ms",
+        "999.4 ms",
+        "1.00 s",
+        "12.35 s",
+    ]
+    assert [fmt_ratio(x) for x in (None, 0.0, 1.005, 2.5)] == ["—", "0.00", "1.00", "2.50"]
+
+
+def test_the_split_modules_are_reexported_and_the_child_entry_point_stays():
+    import subprocess
+    import sys
+
+    from selfattention import bench, bench_cases, bench_measure, bench_table
+
+    assert bench.Spinner is bench_measure.Spinner
+    assert bench.matmul_peak_gflops is bench_measure.matmul_peak_gflops
+    assert bench.to_markdown is bench_table.to_markdown and bench.write_results is bench_table.write_results
+    assert bench.VARIANTS is bench_cases.VARIANTS
+    proc = subprocess.run([sys.executable, "-m", "selfattention.bench"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--child SPEC" in proc.stdout

@@ -58,8 +58,10 @@ _MASKS = {
 def summary_table(result: dict) -> Table:
     """The terminal's view of a bench result: a row per case with the times and the ratios, narrow enough
     for 80 columns (the full markdown table, with memory, GFLOP/s and the plan, is in bench.md)."""
+    from ..bench_table import by_case, case_key, fmt_ratio, fmt_seconds
+
     rows = result["rows"]
-    by = {(r["t"], r["heads"], r["variant"], r["pass"], r["impl"]): r for r in rows}
+    by = by_case(rows)
     table = Table(box=None, pad_edge=False, show_edge=False)
     flex = any(r["impl"] == "flex" for r in rows)  # no flex columns when flex was left out (--no-flex)
     heads = [_("T"), _("mask"), _("pass"), _("tiled"), _("SDPA")] + ([_("flex")] if flex else [])
@@ -68,25 +70,20 @@ def summary_table(result: dict) -> Table:
         table.add_column(head, justify="left" if head in (_("mask"), _("pass")) else "right", no_wrap=True)
     seen = []
     for r in rows:
-        key = (r["t"], r["heads"], r["variant"], r["pass"])
+        key = case_key(r)
         if key in seen or (*key, "tiled") not in by:
             continue
         seen.append(key)
         til, sd, fx = (by.get((*key, impl)) for impl in ("tiled", "sdpa", "flex"))
 
         def secs(row: dict | None) -> str:
-            if row is None or row.get("median_s") is None:
-                return "—"
-            x = row["median_s"]
-            return f"{x * 1000:.1f} ms" if x < 1 else f"{x:.2f} s"
-
-        def ratio(x: float | None) -> str:
-            return "—" if x is None else f"{x:.2f}"
+            return fmt_seconds(None if row is None else row.get("median_s"))
 
         cfg = result["meta"]["config"]
         mask = _(_MASKS.get(key[2], key[2])).format(window=cfg.get("window"), documents=cfg.get("documents"))
         cells = [str(key[0]), mask, key[3], secs(til), secs(sd)] + ([secs(fx)] if flex else [])
-        cells += [ratio(til.get("ratio_vs_sdpa"))] + ([ratio(til.get("ratio_vs_flex"))] if flex else [])
+        ratios = [til.get("ratio_vs_sdpa")] + ([til.get("ratio_vs_flex")] if flex else [])
+        cells += [fmt_ratio(x) for x in ratios]
         table.add_row(*cells)
     return table
 
