@@ -48,6 +48,7 @@ from ._validation import symbolic
 from .kernels import engine, scored
 from .kernels.plan import row_spans
 from .mods import ScoreMod, and_masks, noop_mask, or_masks, visibility_fields
+from .mods.additive import is_additive
 from .visibility import FULL, PARTIAL, SKIP, Predicate, Visibility, evaluate_mod, index_tiles
 
 __all__ = [
@@ -291,9 +292,13 @@ class _BiasOf:
 
 def _as_bias(score_mod: Callable, b: int, h: int, tq: int, tk: int, device) -> Callable | None:
     """The bias function of an additive score_mod whose captured tensors need no grad, else None.
-    Checked on a probe tile of random rows, keys and scores (an exact identity, not a tolerance)."""
+    A user's function must be additive by its code (:func:`selfattention.mods.additive.is_additive`: a
+    probe on sample scores cannot tell ``score.clamp(-50, 50)`` from ``score``); the probe tile of random
+    rows, keys and scores below then checks the bias function itself."""
     if isinstance(score_mod, ScoreMod) and type(score_mod).bias is ScoreMod.bias:
         return None  # a ready non-additive mod (softcap)
+    if not isinstance(score_mod, ScoreMod) and not is_additive(score_mod):
+        return None  # not provably score + bias: the score-mod kernel sees the real scores
     gen = torch.Generator().manual_seed(0)
     rows = torch.randperm(tq, generator=gen)[:16].sort().values
     cols = torch.randperm(tk, generator=gen)[:16].sort().values

@@ -1,0 +1,110 @@
+"""Whether a user's ``score_mod`` is ``score + bias(b, h, q_idx, kv_idx)``, proved from its code.
+
+The fused kernel takes an additive bias tile, so an additive score_mod runs at the fused kernel's speed;
+any other score_mod must see the real scores (the score-mod kernel). Telling them apart by calling the
+mod on sample scores is unsound: ``score.clamp(-50, 50)`` or ``torch.where(q_idx == kv_idx, 3 * score,
+score)`` agree with ``score + mod(0)`` on most samples and differ where it matters. Here the mod is traced
+with ``torch.fx.symbolic_trace`` (Python-level operations on proxies; no value is looked at), and it is
+additive only when its result is the score itself plus or minus terms that do not depend on the score::
+
+    score + slopes[h] * (kv_idx - q_idx)          additive (ALiBi)
+    table[h, q_idx - kv_idx] + score              additive (a relative-position bias)
+    score - bias[b, h, q_idx, kv_idx]             additive
+    score.clamp(-50, 50),  score * 2,  softcap    not additive: the score-mod kernel
+    torch.where(mask, score + 1, score)           not additive
+
+A mod that cannot be traced (control flow on a value, ``.item()``, an unsupported callable) counts as not
+additive — correct either way, only slower. Results are cached per function object.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Callable
+
+import torch
+import torch.fx
+
+__all__ = ["is_additive"]
+
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+_ADD = {operator.add, torch.add, "add"}
+_SUB = {operator.sub, torch.sub, torch.subtract, "sub", "subtract"}
+
+
+def is_additive(score_mod: Callable) -> bool:
+    """True when ``score_mod(score, b, h, q_idx, kv_idx)`` is provably ``score ± terms free of score``.
+
+    >>> slopes = torch.tensor([0.5, 0.25])
+    >>> is_additive(lambda s, b, h, q, kv: s + slopes[h] * (kv - q))
+    True
+    >>> is_additive(lambda s, b, h, q, kv: s.clamp(-50.0, 50.0))
+    False
+    >>> is_additive(lambda s, b, h, q, kv: torch.where(q == kv, 3 * s, s))
+    False
+    """
+    try:
+        return _CACHE[score_mod]
+    except (KeyError, TypeError):
+        pass
+    result = _traced_additive(score_mod)
+    try:
+        _CACHE[score_mod] = result
+    except TypeError:  # not weak-referenceable: no cache
+        pass
+    return result
+
+
+def _traced_additive(score_mod: Callable) -> bool:
+    try:
+        gm = torch.fx.symbolic_trace(lambda score, b, h, q_idx, kv_idx: score_mod(score, b, h, q_idx, kv_idx))
+    except Exception:
+        return False
+    nodes = list(gm.graph.nodes)
+    placeholders = [n for n in nodes if n.op == "placeholder"]
+    if len(placeholders) != 5:
+        return False
+    score = placeholders[0]
+    depends: set[torch.fx.Node] = {score}  # nodes whose value depends on the score
+    for n in nodes:
+        if n.op in ("placeholder", "output"):
+            continue
+        if any(a in depends for a in n.all_input_nodes):
+            depends.add(n)
+    outputs = [n for n in nodes if n.op == "output"]
+    if len(outputs) != 1 or not isinstance(outputs[0].args[0], torch.fx.Node):
+        return False
+    return _unit(outputs[0].args[0], score, depends)
+
+
+def _target(n: torch.fx.Node):
+    return n.target if n.op == "call_function" else (n.target if n.op == "call_method" else None)
+
+
+def _unit(n: torch.fx.Node, score: torch.fx.Node, depends: set) -> bool:
+    """Whether node ``n`` is the score plus or minus score-free terms (coefficient exactly 1)."""
+    while True:
+        if n is score:
+            return True
+        if n.op not in ("call_function", "call_method") or n.kwargs.get("alpha", 1) != 1:
+            return False
+        args = n.args
+        if len(args) != 2:
+            return False
+        a, c = args
+        free = lambda x: not (isinstance(x, torch.fx.Node) and x in depends)  # noqa: E731
+        t = _target(n)
+        if t in _ADD:
+            if isinstance(a, torch.fx.Node) and a in depends and free(c):
+                n = a
+                continue
+            if isinstance(c, torch.fx.Node) and c in depends and free(a):
+                n = c
+                continue
+            return False
+        if t in _SUB and isinstance(a, torch.fx.Node) and a in depends and free(c):
+            n = a
+            continue
+        return False
