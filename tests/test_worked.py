@@ -96,6 +96,11 @@ def test_user_file_right_within_rounding_and_wrong(tmp_path):
             'kind = "qkv"\ninputs = [[1.0, 0.0]]\nW_query = [[1.0]]\nW_key = [[1.0]]\nW_value = [[1.0]]',
             "has 1 rows",
         ),
+        ("inputs = [[1.0]]\nscael = 0.5", "unknown key 'scael' \\(did you mean 'scale'\\?\\)"),
+        (
+            'inputs = [[1.0]]\n[[printed]]\nstep = "weights"\nat = [0, 0]\nvalue = "1"\ntxt = "a"',
+            "unknown key 'txt'",
+        ),
     ],
 )
 def test_malformed_files_give_clear_errors(tmp_path, text, needle):

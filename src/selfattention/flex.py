@@ -239,12 +239,18 @@ def _block_kinds(bm: BlockMask) -> torch.Tensor:
 
 def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) -> tuple[Visibility, tuple]:
     """The Visibility of a block mask for canonical (B, H, Tq, Tk), and the plan's block sizes."""
+    if bm is not None and not isinstance(bm, BlockMask):
+        hint = (
+            " (a dense mask goes to scaled_dot_product_attention's attn_mask, or make a BlockMask with "
+            "create_block_mask)"
+            if isinstance(bm, torch.Tensor)
+            else ""
+        )
+        raise TypeError(
+            f"block_mask must be a BlockMask (create_block_mask) or None, got {type(bm).__name__}{hint}"
+        )
     if bm is None or tuple(bm.BLOCK_SIZE) == (_LARGE, _LARGE):
         return Visibility(tq, tk), (128, 128)
-    if not isinstance(bm, BlockMask):
-        raise TypeError(
-            f"block_mask must be a BlockMask (create_block_mask) or None, got {type(bm).__name__}"
-        )
     if getattr(bm.mask_mod, "__name__", "") == "_sliced_mask_mod_error":
         raise RuntimeError("Cannot use mask_mod from a sliced BlockMask")
     if tuple(bm.seq_lengths) != (tq, tk):

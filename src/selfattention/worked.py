@@ -36,6 +36,7 @@ Source of the shipped examples: lecture 000 (``journey``) and lecture 003 (``two
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import tomllib
@@ -314,7 +315,28 @@ def _decimals(s: str) -> int:
     return len(s.split(".", 1)[1]) if "." in s else 0
 
 
+_KEYS = (
+    "kind", "inputs", "tokens", "W_query", "W_key", "W_value", "scale", "focus", "printed", "name", "title",
+    "title_zh", "source", "source_zh",
+)  # fmt: skip
+_PRINTED_KEYS = ("step", "value", "decimals", "at", "text", "text_zh")
+
+
+def _unknown_keys(table: dict, known: tuple[str, ...], where: str) -> None:
+    """Refuse a key the checker does not read (a typo such as ``scael`` would be silently ignored)."""
+    for key in table:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = _(" (did you mean {close!r}?)").format(close=close[0]) if close else ""
+            raise WorkedExampleError(
+                _("{where}: unknown key {key!r}{hint}; known keys: {known}").format(
+                    where=where, key=key, hint=hint, known=", ".join(known)
+                )
+            )
+
+
 def _parse(data: dict, where: Path) -> WorkedExample:
+    _unknown_keys(data, _KEYS, str(where))
     kind = data.get("kind", "simple")
     if kind not in ("simple", "qkv"):
         raise WorkedExampleError(
@@ -396,6 +418,7 @@ def _parse_printed(entry: object, i: int, where: Path) -> PrintedNumber:
     ctx = f"{where}: [[printed]] entry {i}"
     if not isinstance(entry, dict):
         raise WorkedExampleError(_("{ctx} must be a table").format(ctx=ctx))
+    _unknown_keys(entry, _PRINTED_KEYS, ctx)
     step = entry.get("step")
     if step not in STEPS:
         raise WorkedExampleError(
