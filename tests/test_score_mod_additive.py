@@ -79,3 +79,25 @@ def test_is_additive_cases():
         return s if q > 3 else s + 1
 
     assert not is_additive(branchy)
+
+
+def test_flex_argument_errors_name_the_argument():
+    import pytest
+
+    from selfattention import create_block_mask
+
+    q = torch.randn(1, 1, 16, 8)
+    with pytest.raises(
+        TypeError, match=r"score_mod must take \(score, b, h, q_idx, kv_idx\), got a mask_mod"
+    ):
+        flex_attention(q, q, q, score_mod=lambda score, b, h, q_idx: score)
+    with pytest.raises(TypeError, match="got a function of 6 positional arguments"):
+        flex_attention(q, q, q, score_mod=lambda s, b, h, qi, kv, x: s)
+    torch.testing.assert_close(flex_attention(q, q, q, score_mod=lambda *a: a[0]), flex_attention(q, q, q))
+    with pytest.raises(TypeError, match="block_mask must be a BlockMask .* got Tensor .*attn_mask"):
+        flex_attention(q, q, q, block_mask=torch.ones(16, 16, dtype=torch.bool))
+    for bad in (128.0, (128,), (16, 0)):
+        with pytest.raises(ValueError, match="BLOCK_SIZE must be a positive int or a pair"):
+            create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, 16, 16, BLOCK_SIZE=bad)
+    with pytest.raises(ValueError, match="Q_LEN must be a non-negative int, got -1"):
+        create_block_mask(lambda b, h, qi, kv: qi >= kv, None, None, -1, 16)

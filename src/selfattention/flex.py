@@ -108,9 +108,8 @@ def _sizes(B, H, Q_LEN, KV_LEN) -> tuple[int, int]:
         if n is None and name in ("B", "H"):
             continue
         if isinstance(n, bool) or not isinstance(n, int) or n < (0 if name.endswith("LEN") else 1):
-            raise ValueError(
-                f"{name} must be a positive int{' or None' if len(name) == 1 else ''}, got {n!r}"
-            )
+            kind = "a non-negative int" if name.endswith("LEN") else "a positive int or None"
+            raise ValueError(f"{name} must be {kind}, got {n!r}")
     return (1 if B is None else B), (1 if H is None else H)
 
 
@@ -138,6 +137,17 @@ def _positional_args(fn) -> int:
         for p in params
         if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     )
+
+
+def _takes(fn, n: int) -> bool:
+    """Whether ``fn`` can be called with ``n`` positional arguments (True when its signature is unknown)."""
+    try:
+        inspect.signature(fn).bind(*range(n))
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
 
 
 def _ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,7 +190,10 @@ def create_block_mask(
         what = "a score_mod" if n_args == 5 else f"a function of {n_args} positional arguments"
         raise TypeError(f"create_block_mask requires a mask_mod (b, h, q_idx, kv_idx), got {what}")
     b_, h_ = _sizes(B, H, Q_LEN, KV_LEN)
-    bq, bk = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else tuple(BLOCK_SIZE)
+    sizes = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else BLOCK_SIZE
+    if not isinstance(sizes, tuple | list) or len(sizes) != 2:
+        raise ValueError(f"BLOCK_SIZE must be a positive int or a pair of them, got {BLOCK_SIZE!r}")
+    bq, bk = sizes
     for n in (bq, bk):
         if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
             raise ValueError(f"BLOCK_SIZE must be a positive int or a pair of them, got {BLOCK_SIZE!r}")
@@ -433,6 +446,14 @@ def flex_attention(
         raise TypeError(f"return_aux must be an AuxRequest or None, got {type(return_aux).__name__}")
     if score_mod is not None and not callable(score_mod):
         raise TypeError(f"score_mod must be callable or None, got {type(score_mod).__name__}")
+    if score_mod is not None and not _takes(score_mod, 5):
+        n = _positional_args(score_mod)
+        what = (
+            "a mask_mod (b, h, q_idx, kv_idx): a mask goes to block_mask=create_block_mask(mask_mod, ...)"
+            if n == 4
+            else f"a function of {n} positional arguments"
+        )
+        raise TypeError(f"score_mod must take (score, b, h, q_idx, kv_idx), got {what}")
     b, h, tq, e = query.shape
     tk = key.shape[2]
     if scale is None:
