@@ -254,7 +254,7 @@ class KVCache:
 
     def finish(self, b: int) -> None:
         """Mark sequence b finished: appending a real token to it raises ``ValueError`` (its keys stay)."""
-        self._finished.add(_serving._check_slot(self, "sequence", b))
+        self._finished.add(_serving.check_slot(self, "sequence", b))
 
     def release(self, b: int) -> None:
         """Empty sequence b and free its pages: the slot takes a new sequence (continuous batching)."""

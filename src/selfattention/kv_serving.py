@@ -110,7 +110,7 @@ def update(cache, key: torch.Tensor, value: torch.Tensor, key_padding_mask: torc
     return keys, values, Visibility(n, tk, attn_mask=ok[:, None])  # mask (B, 1, Tq or 1, Tk)
 
 
-def _check_slot(cache, name: str, b: object) -> int:
+def check_slot(cache, name: str, b: object) -> int:
     if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < cache.batch_size:
         raise ValueError(f"{name} must be a sequence index in [0, {cache.batch_size}), got {b!r}")
     return b
@@ -137,8 +137,8 @@ def reorder(cache, indices) -> None:
 def fork(cache, src: int, dst: int) -> None:
     """Sequence ``dst`` becomes a copy of ``src`` (its own content is dropped): a paged cache shares the pages
     (copied when either sequence appends to a shared partial page), a contiguous one copies the row."""
-    _check_slot(cache, "src", src)
-    _check_slot(cache, "dst", dst)
+    check_slot(cache, "src", src)
+    check_slot(cache, "dst", dst)
     if src == dst:
         raise ValueError(f"fork: src and dst are the same sequence ({src})")
     if cache.pages is not None:
@@ -156,7 +156,7 @@ def fork(cache, src: int, dst: int) -> None:
 
 def release(cache, b: int) -> None:
     """Empty sequence b (its pages go back to the pool) so that the slot takes a new sequence."""
-    _check_slot(cache, "sequence", b)
+    check_slot(cache, "sequence", b)
     if cache.pages is not None:
         cache.pages.release(b)
     cache._lengths[b] = 0
@@ -167,7 +167,7 @@ def release(cache, b: int) -> None:
 def assign(cache, b: int, key: torch.Tensor, value: torch.Tensor) -> None:
     """Fill the empty sequence ``b`` with ``key`` (Hkv, T, D) / ``value`` (Hkv, T, Dv) at positions 0 … T − 1
     (a sequence prefilled elsewhere joins the batch: continuous batching)."""
-    _check_slot(cache, "sequence", b)
+    check_slot(cache, "sequence", b)
     if cache._lengths[b]:
         raise ValueError(
             f"sequence {b} holds {cache._lengths[b]} tokens: release({b}) before assigning to it"

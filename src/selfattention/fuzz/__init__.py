@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 
 from .report import FuzzFailure, FuzzReport
-from .targets import _attention_example, _module_example
+from .targets import attention_example, module_example
 
 __all__ = ["FuzzReport", "FuzzFailure", "run", "main", "format_report"]
 
@@ -85,9 +85,9 @@ def run(
         def one(data, which):
             try:
                 if which == "attention":
-                    _attention_example(data, report, backends)
+                    attention_example(data, report, backends)
                 else:
-                    _module_example(data, report, backends)
+                    module_example(data, report, backends)
             except FuzzFailure as e:
                 key = _failure_key(str(e))
                 if key in seen_failures:  # a bug already reported: count it, do not shrink it again

@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 ALLOWED = (ValueError, TypeError)
-_FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-_BAD_DTYPES = [torch.int64, torch.bool, torch.complex64]
+FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+BAD_DTYPES = [torch.int64, torch.bool, torch.complex64]
 
 
 class FuzzFailure(AssertionError):
@@ -54,7 +54,7 @@ class FuzzReport:
         }
 
 
-def _pattern(e: BaseException) -> str:
+def error_pattern(e: BaseException) -> str:
     msg = str(e).split("\n")[0]
     msg = re.sub(r"-?\d+(\.\d+)?(e-?\d+)?", "#", msg)
     msg = re.sub(r"torch\.\w+", "<dtype>", msg)

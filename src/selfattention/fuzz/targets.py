@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .report import _BAD_DTYPES, _FLOATS, ALLOWED, FuzzFailure, FuzzReport, _pattern
+from .report import ALLOWED, BAD_DTYPES, FLOATS, FuzzFailure, FuzzReport, error_pattern
 
 # ------------------------------------------------------------------------------------------- drawing
 
@@ -22,7 +22,7 @@ def _tensor(data, shape: tuple[int, ...], dtype: torch.dtype, magnitude: float, 
         for _ in range(n):
             idx = data.draw(_st().integers(0, t.numel() - 1), label="bad_idx")
             t.view(-1)[idx] = data.draw(_st().sampled_from([math.nan, math.inf, -math.inf]), label="bad")
-    if dtype in _BAD_DTYPES:
+    if dtype in BAD_DTYPES:
         return t.nan_to_num().to(torch.int64).to(dtype) if dtype != torch.complex64 else t.to(dtype)
     return t.to(dtype)
 
@@ -36,9 +36,9 @@ def _st():
 def _draw_attention_args(data, g: torch.Generator) -> dict[str, Any]:
     st = _st()
     good = data.draw(st.integers(0, 3), label="good") > 0  # 3 in 4 inputs valid apart from values
-    dtype = data.draw(st.sampled_from(_FLOATS), label="dtype")
+    dtype = data.draw(st.sampled_from(FLOATS), label="dtype")
     if not good and data.draw(st.booleans(), label="bad_dtype"):
-        dtype = data.draw(st.sampled_from(_BAD_DTYPES), label="dtype")
+        dtype = data.draw(st.sampled_from(BAD_DTYPES), label="dtype")
     b = data.draw(st.integers(0, 2), label="B")
     hkv = data.draw(st.integers(1, 3), label="Hkv")
     gqa = data.draw(st.booleans(), label="gqa")
@@ -73,7 +73,7 @@ def _draw_attention_args(data, g: torch.Generator) -> dict[str, Any]:
     q = _tensor(data, qshape, dtype, magnitude, g)
     k_dtype = dtype
     if not good and data.draw(st.integers(0, 3), label="mix") == 0:
-        k_dtype = data.draw(st.sampled_from(_FLOATS), label="k_dtype")
+        k_dtype = data.draw(st.sampled_from(FLOATS), label="k_dtype")
     k = _tensor(data, kshape, k_dtype, magnitude, g)
     v = _tensor(data, vshape, dtype, 1.0, g)
     if not good and data.draw(st.integers(0, 5), label="meta") == 0:
@@ -161,7 +161,7 @@ def _call(report: FuzzReport, target: str, fn: Callable[[], Any]) -> tuple[bool,
         msg = str(e)
         if not msg or "\n" in msg.strip():
             raise FuzzFailure(f"{target}: {type(e).__name__} without a one-line message: {msg!r}") from e
-        report.errors[_pattern(e)] += 1
+        report.errors[error_pattern(e)] += 1
         return False, None
     except FuzzFailure:
         raise
@@ -185,7 +185,7 @@ def _check_against_spec(target: str, out: torch.Tensor, args: dict[str, Any]) ->
             warnings.simplefilter("ignore")
             steps = attention_steps(q.double(), args["key"].double(), args["value"].double(), **kw)
     except ALLOWED as e:
-        raise FuzzFailure(f"{target}: accepted an input that the spec refuses ({_pattern(e)})") from e
+        raise FuzzFailure(f"{target}: accepted an input that the spec refuses ({error_pattern(e)})") from e
     ref = steps.context
     if out.shape != ref.shape:
         raise FuzzFailure(f"{target}: shape {tuple(out.shape)}, the spec gives {tuple(ref.shape)}")
@@ -208,7 +208,7 @@ def _check_against_spec(target: str, out: torch.Tensor, args: dict[str, Any]) ->
             raise FuzzFailure(f"{target}: differs from the float64 spec by {err:.3g} (tolerance {tol:.3g})")
 
 
-def _attention_example(data, report: FuzzReport, backends: list[str]) -> None:
+def attention_example(data, report: FuzzReport, backends: list[str]) -> None:
     from .. import functional as F
 
     g = torch.Generator().manual_seed(data.draw(_st().integers(0, 2**31 - 1), label="seed"))
@@ -289,7 +289,7 @@ def _attention_example(data, report: FuzzReport, backends: list[str]) -> None:
                 )
 
 
-def _module_example(data, report: FuzzReport, backends: list[str]) -> None:
+def module_example(data, report: FuzzReport, backends: list[str]) -> None:
     from .. import masks
     from ..functional import simple_attention
     from ..modules import SelfAttention

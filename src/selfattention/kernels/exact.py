@@ -62,7 +62,7 @@ def tiles(rows: int, cols: int, causal: bool, block_q: int, block_k: int):
         yield i0, i1, [(j0, min(hi, j0 + block_k)) for j0 in range(0, hi, block_k)]
 
 
-def _bias5(bias: torch.Tensor | None, hkv: int, g: int) -> torch.Tensor | None:
+def bias_5d(bias: torch.Tensor | None, hkv: int, g: int) -> torch.Tensor | None:
     """A bias broadcastable to (B, H, R, C) as one broadcastable to (B, Hkv, G, R, C)."""
     if bias is None:
         return None
@@ -137,7 +137,7 @@ def forward(
     g = h // hkv
     q5 = q.unflatten(1, (hkv, g))  # (B, Hkv, G, R, D)
     v5 = v[:, :, None]  # (B, Hkv, 1, C, Dv)
-    bias5 = _bias5(bias, hkv, g)
+    bias5 = bias_5d(bias, hkv, g)
     v_bad = not _finite(v)
     out = q.new_zeros((b, hkv, g, rows, dv))
     lse = q.new_full((b, hkv, g, rows), _NEG_INF)
@@ -213,8 +213,8 @@ def backward(
     lse5 = torch.where(blind, torch.full((), math.inf, dtype=lse.dtype, device=lse.device), lse)
     lse5 = lse5.unflatten(1, (hkv, g))[..., None]  # (B, Hkv, G, R, 1); +inf: P = 0 for blind rows
     delta5 = delta.unflatten(1, (hkv, g))[..., None]
-    bias5 = _bias5(bias, hkv, g)
-    dbias5 = _bias5(dbias, hkv, g)
+    bias5 = bias_5d(bias, hkv, g)
+    dbias5 = bias_5d(dbias, hkv, g)
     dq = torch.zeros_like(q5)
     dk = torch.zeros_like(k)
     dv = torch.zeros_like(v)

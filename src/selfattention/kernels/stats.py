@@ -188,7 +188,7 @@ def _sweep_view(qv, kv, nl, cr, bias, call, top_k: int, columns: bool, blind: bo
         # s − ℓ ≥ −(|q|·max|k| + ℓ): rows where that stays above the floor cannot give a denormal weight
         reach = qv.norm(dim=-1) * kv.norm(dim=-1).amax() - (nl + cr)  # (B', Hq, R)
         safe = (reach < -floor - 1.0).unflatten(1, (hk, g))
-    bias5 = exact._bias5(bias, hk, g)
+    bias5 = exact.bias_5d(bias, hk, g)
     above = _above_diagonal(qv.device)
     assert _COLS % 16 == 0, "stats._COLS must be a multiple of 16"
     nb = max(1, min(hk, _TILE // (g * _ROWS * min(_COLS, ncols))))  # key heads per job

@@ -28,7 +28,7 @@ import torch
 from ..functional import attention_steps
 from ..i18n import N_, _
 from ._base import FAILS, HOLDS, ONLY_WHEN, Lesson, LessonResult, ResultTable, Verdict, progress_steps
-from .three_steps import _median_seconds as _timed_median
+from .three_steps import median_seconds as _timed_median
 
 LESSON = Lesson(
     name="n-squared-bill",
@@ -144,7 +144,7 @@ def verdict(m: dict[str, Any]) -> Verdict:
     )
 
 
-def _median_seconds(fn: Any, repeats: int) -> float:
+def median_seconds(fn: Any, repeats: int) -> float:
     fn()  # warm-up: allocator and caches
     return _timed_median(fn, repeats)
 
@@ -179,8 +179,8 @@ def run(
                 del steps
                 q4, k4, v4 = (x[None, None] for x in (q, k, v))  # (1, 1, T, d)
                 torch.testing.assert_close(tiled_attention(q4, k4, v4)[0, 0], expected, rtol=1e-4, atol=1e-5)
-                full[t] = _median_seconds(lambda q=q, k=k, v=v: attention_steps(q, k, v), repeats)
-                tiled[t] = _median_seconds(lambda q=q4, k=k4, v=v4: tiled_attention(q, k, v), repeats)
+                full[t] = median_seconds(lambda q=q, k=k, v=v: attention_steps(q, k, v), repeats)
+                tiled[t] = median_seconds(lambda q=q4, k=k4, v=v4: tiled_attention(q, k, v), repeats)
                 advance()
     finally:
         torch.set_num_threads(old)

@@ -47,7 +47,7 @@ def per_position(x: torch.Tensor, positions: range | None = None) -> torch.Tenso
     return torch.cat(rows, dim=0)
 
 
-def _median_seconds(fn: Any, repeats: int) -> float:
+def median_seconds(fn: Any, repeats: int) -> float:
     times = []
     for _step in range(repeats):
         start = time.perf_counter()
@@ -140,8 +140,8 @@ def _run(
             simple_attention(x)  # warm-up
             n = min(t, timed_positions)
             sample = range(0, t, max(1, t // n))[:n]
-            loop_s = _median_seconds(lambda x=x, s=sample: per_position(x, s), repeats) * t / len(sample)
-            mat_s = _median_seconds(lambda x=x: simple_attention(x), repeats)
+            loop_s = median_seconds(lambda x=x, s=sample: per_position(x, s), repeats) * t / len(sample)
+            mat_s = median_seconds(lambda x=x: simple_attention(x), repeats)
             ratios.append(loop_s / mat_s)
             timing.rows.append([t, f"{loop_s:.4f}", f"{mat_s:.5f}", f"{loop_s / mat_s:.1f}×"])
             advance()

@@ -53,12 +53,12 @@ from .model import model_report
 from .payload import (
     CAVEAT,
     CAVEAT_ZH,
-    _payload,
-    _steps_record,
+    build_payload,
     decode_array,
     encode_array,
     head_statistics,
     quantise_weights,
+    steps_record,
 )
 
 __all__ = [
@@ -101,11 +101,11 @@ def steps_report(
         raise ValueError(f"tokens has {len(tokens)} entries but the weights are {t} × {t}")
     dtype = "f64" if w.dtype == torch.float64 else "f32"
     small = steps.query.shape[-1] <= 8 and steps.value.shape[-1] <= 8
-    exact = {"0.0": _steps_record(steps, dtype, with_qkv=small)}
+    exact = {"0.0": steps_record(steps, dtype, with_qkv=small)}
     token = min(1, t - 1) if token is None else token
     if not 0 <= token < t:
         raise ValueError(f"token must be in 0..{t - 1}, got {token}")
-    return _payload(
+    return build_payload(
         title=title,
         subtitle=subtitle,
         source="example",

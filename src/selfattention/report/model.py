@@ -32,7 +32,7 @@ from ..focus import fallback_token, strongest_link, strongest_link_topk
 from ..functional import AttentionSteps, attention_steps
 from ..i18n import _
 from ..pretrained import MATCH_TOLERANCE
-from .payload import _exact_bytes, _payload, _steps_record, head_statistics, quantise_weights
+from .payload import build_payload, exact_bytes, head_statistics, quantise_weights, steps_record
 
 __all__ = ["model_report"]
 
@@ -228,7 +228,7 @@ def model_report(
         raise ValueError(f"token must be in 0..{t - 1}, got {token}")
 
     dv = torch.as_tensor(run.values).shape[-1]
-    per_head = _exact_bytes(t, d, dv, 4, with_qkv=False)
+    per_head = exact_bytes(t, d, dv, 4, with_qkv=False)
     order = sorted(
         ((la, h) for la in range(n_layers) for h in range(n_heads)),
         key=lambda lh: (lh != (layer0, head0), abs(lh[0] - layer0), lh[0], abs(lh[1] - head0), lh[1]),
@@ -240,7 +240,7 @@ def model_report(
     stored: list[np.ndarray] = []
     for la, h in chosen:
         steps = _head_steps(run, la, h)
-        exact[f"{la}.{h}"] = _steps_record(steps, "f32", with_qkv=False)
+        exact[f"{la}.{h}"] = steps_record(steps, "f32", with_qkv=False)
         if w is None:
             stored.append(quantise_weights(steps.weights))
     if n_exact == len(order):
@@ -283,7 +283,7 @@ def model_report(
         u8, u8_heads = quantise_weights(w), None
     else:
         u8, u8_heads = np.stack(stored), list(exact)
-    return _payload(
+    return build_payload(
         title=title,
         subtitle=_("{name} on selfattention's attention").format(name=name),
         source="model",

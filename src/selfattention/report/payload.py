@@ -127,7 +127,7 @@ def _round_list(t: torch.Tensor, digits: int = 6) -> list:
     return [_round_list(row, digits) for row in t] if t.dim() > 1 else [r(float(x)) for x in t]
 
 
-def _steps_record(steps: AttentionSteps, dtype: str, with_qkv: bool) -> dict[str, Any]:
+def steps_record(steps: AttentionSteps, dtype: str, with_qkv: bool) -> dict[str, Any]:
     rec = {
         "scores": encode_array(steps.scores, dtype),
         "scaled": encode_array(steps.scaled_scores, dtype),
@@ -144,11 +144,11 @@ def _steps_record(steps: AttentionSteps, dtype: str, with_qkv: bool) -> dict[str
     return rec
 
 
-def _exact_bytes(t: int, d: int, dv: int, itemsize: int, with_qkv: bool) -> int:
+def exact_bytes(t: int, d: int, dv: int, itemsize: int, with_qkv: bool) -> int:
     return itemsize * (3 * t * t + t * dv + (t * (2 * d + dv) if with_qkv else 0))
 
 
-def _payload(
+def build_payload(
     *,
     title: str,
     subtitle: str,
