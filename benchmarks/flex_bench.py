@@ -3,7 +3,8 @@
 One process, interleaved rounds (each round times every contender once; the median is reported), ratios
 against the peers of the same run. Cases (issue 17's targets; H = 8, D = 64, B = 1, float32):
 
-* sliding window 256 (attention-gym's ``q_idx - kv_idx <= 256``, causal) and prefix-LM 512 at T = 4096:
+* sliding window 256 (attention-gym's ``q_idx - kv_idx <= 256``, causal; once more as a plain function,
+  which takes the generic block plan) and prefix-LM 512 at T = 4096:
   forward vs torch's ``torch.compile(flex_attention)`` (compile time reported apart), forward and
   forward+backward vs SDPA with the dense bool mask (flex has no backward on CPU);
 * sliding window 512 at T = 16384: forward and forward+backward as a fraction of this machine's float32
@@ -206,6 +207,10 @@ def _count_rows(mask_mod, i0: int, i1: int, t: int) -> int:
     return int(mask_mod(z, z, qi, kv).sum())
 
 
+def _plain_window(b, h, q_idx, kv_idx):
+    return (q_idx >= kv_idx) & (q_idx - kv_idx <= 256)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (T = 1024 and 2048) for development")
@@ -225,6 +230,9 @@ def main(argv=None) -> None:
         return
     case_vs_peers("sliding window 256", mods.sliding_window(256), t1, h, d, rounds, not args.no_compile)
     case_vs_peers("prefix-LM 512", mods.prefix_lm(512), t1, h, d, rounds, not args.no_compile)
+    # the same window as a plain function (attention-gym's style): no structure to recognise, so the
+    # generic plan of full / partial blocks (row chunks on single-threaded workers on CPU)
+    case_vs_peers("sliding window 256, plain mask_mod", _plain_window, t1, h, d, rounds, not args.no_compile)
     case_rate("sliding window 512", mods.sliding_window(511), t2, h, d, rounds, rate, args.contended)
     c = not args.no_compile
     case_score_mod("ALiBi + causal", mods.alibi(mods.alibi_slopes(h)), mods.causal_mask, t1, h, d, rounds, c)
