@@ -60,9 +60,10 @@ def test_gallery_size_and_provenance():
     styles = " ".join(p.read_text(encoding="utf-8") for p in right)
     for marker in ("for i in range", "einsum", "F.scaled_dot_product_attention", "import numpy"):
         assert marker in styles
-    # every mistake the grader names (but the four about code it cannot run or explain) has a public case
+    # every mistake the grader names (but those about code it cannot run or explain) has a public case
     named = set().union(*(_expected(p) for p in wrong))
-    meta = {"exception", "wrong_shape", "unrecognised", "not_gradable"}
+    # mutates_input is read from torch's version counters, not fitted (its own tests are at the end)
+    meta = {"exception", "wrong_shape", "unrecognised", "not_gradable", "mutates_input"}
     assert set(MISTAKES) - meta <= named, sorted(set(MISTAKES) - meta - named)
 
 
@@ -415,3 +416,37 @@ def test_a_constructor_that_raises_is_reported():
 
     report = grade(SelfAttention)
     assert report.codes == ["not_gradable"] and "RuntimeError: not today" in report.findings[0].message
+
+
+# --- inputs changed in place ----------------------------------------------------------------------------
+
+
+def test_an_input_changed_in_place_is_a_mistake_even_when_every_output_matches():
+    def scaled_dot_product_attention(q, k, v, mask=None):
+        q.div_(math.sqrt(q.shape[-1]))  # the caller's q changes
+        s = q @ k.transpose(-2, -1)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.softmax(s, -1).nan_to_num(0.0) @ v
+
+    report = grade(scaled_dot_product_attention)
+    assert all(p.matches_spec for p in report.probes)
+    assert report.codes == ["mutates_input"] and not report.passed
+    assert "q" in report.findings[0].detail
+
+    def simple_attention(X):
+        X *= 1.0  # in place, even if the values stay
+        return torch.softmax(X @ X.T, dim=-1) @ X
+
+    assert grade(simple_attention).codes == ["mutates_input"]
+
+
+def test_a_new_tensor_is_not_a_mutation():
+    def scaled_dot_product_attention(q, k, v, mask=None):
+        q = q / math.sqrt(q.shape[-1])
+        s = q @ k.transpose(-2, -1)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.softmax(s, -1).nan_to_num(0.0) @ v
+
+    assert grade(scaled_dot_product_attention).passed

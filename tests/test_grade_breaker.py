@@ -159,12 +159,6 @@ def test_an_additive_causal_mask_is_correct_even_where_every_key_is_visible():
     assert not grade(nothing_visible_01, task="causal").passed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="grade does not report a learner that modifies its inputs (q /= √d_k in place): each probe gets "
-    "clones, so the output matches and the mutation goes unnoticed; a new finding code (and its zh message) "
-    "is needed",
-)
 def test_a_learner_that_modifies_its_inputs_is_told():
     def scaled_dot_product_attention(q, k, v, mask=None):
         q /= q.shape[-1] ** 0.5
@@ -173,4 +167,5 @@ def test_a_learner_that_modifies_its_inputs_is_told():
             s = s.masked_fill(~mask, float("-inf"))
         return torch.nan_to_num(torch.softmax(s, -1)) @ v
 
-    assert not grade(scaled_dot_product_attention).passed
+    report = grade(scaled_dot_product_attention)
+    assert not report.passed and report.codes == ["mutates_input"]

@@ -38,6 +38,7 @@ from typing import Any
 from ..i18n import _
 from .attention_tasks import DECODE, MODULE, SDPA, SIMPLE
 from .fit import (
+    MUTATED,
     NotGradable,
     Raised,
     Task,
@@ -189,7 +190,10 @@ def grade(obj: Any, task: str | None = None, *, file: str | None = None) -> Repo
         report.findings.append(_finding("exception", last_line_of(e)))
         return report
     probes = chosen.probes(subject)
+    MUTATED.clear()
     learner = [run_safely(lambda p=p: chosen.call(subject, p)) for p in probes]
+    if MUTATED:  # whatever else is right or wrong, the caller's tensors must not change
+        report.findings.append(_finding("mutates_input", ", ".join(MUTATED)))
     spec = chosen.spec
 
     def reference(config: dict[str, str], i: int) -> Any:

@@ -16,7 +16,7 @@ import torch
 
 from .. import functional as F
 from ..i18n import N_, _
-from .fit import Axis, NotGradable, Probe, Task, first_output, positional_count, required_count
+from .fit import Axis, NotGradable, Probe, Task, call_watched, first_output, positional_count, required_count
 
 __all__ = ["SIMPLE", "SDPA", "MODULE", "DECODE", "attend"]
 
@@ -141,7 +141,7 @@ SIMPLE = Task(
     names=("simple_attention",),
     axes=(_SCALE_SIMPLE, _AXIS, _NORM),
     probes=_simple_probes,
-    call=lambda fn, probe: first_output(fn(probe.args[0].clone())),
+    call=lambda fn, probe: first_output(call_watched(fn, (probe.args[0].clone(),), ("X",))),
     reference=_simple_reference,
 )
 
@@ -213,7 +213,7 @@ SDPA = Task(
     names=("scaled_dot_product_attention",),
     axes=(_SCALE, _AXIS, _ORDER, _NORM_MASK, _POLARITY, _FILL),
     probes=_sdpa_probes,
-    call=lambda fn, probe: first_output(fn(*_sdpa_args(fn, probe))),
+    call=lambda fn, probe: first_output(call_watched(fn, _sdpa_args(fn, probe), ("q", "k", "v", "mask"))),
     reference=_sdpa_reference,
 )
 
@@ -357,7 +357,9 @@ MODULE = Task(
     names=("SelfAttention",),
     axes=(_SCALE_MODULE, _AXIS, _ORDER, _NORM, _VALUE),
     probes=_module_probes,
-    call=lambda subject, probe: first_output(subject["module"](probe.args[0].clone())),
+    call=lambda subject, probe: first_output(
+        call_watched(subject["module"], (probe.args[0].clone(),), ("x",))
+    ),
     reference=_module_reference,
     prepare=_module_prepare,
 )

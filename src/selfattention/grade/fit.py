@@ -134,6 +134,22 @@ def required_count(fn: Any) -> int:
     )
 
 
+MUTATED: list[str] = []
+"""Names of the arguments the learner's code changed in place since :func:`grade` last cleared it."""
+
+
+def call_watched(fn: Callable[..., Any], args: tuple[Any, ...], names: tuple[str, ...]) -> Any:
+    """``fn(*args)``, noting in :data:`MUTATED` the name of every tensor argument the call changed in place
+    (``div_``, ``x /= …``, ``x[...] = …``: torch's version counter of that tensor moved)."""
+    versions = [a._version if isinstance(a, torch.Tensor) else None for a in args]
+    try:
+        return fn(*args)
+    finally:
+        for name, a, before in zip(names, args, versions, strict=False):
+            if before is not None and a._version != before and name not in MUTATED:
+                MUTATED.append(name)
+
+
 def first_output(result: Any) -> Any:
     """A learner's result: its first element when it returns (output, weights, …)."""
     if isinstance(result, tuple | list) and result and not isinstance(result[0], int | float):

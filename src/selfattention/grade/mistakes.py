@@ -73,6 +73,17 @@ _CACHE_NOTE = N_(
 
 _ALL = [
     Mistake(
+        "mutates_input",
+        N_(
+            "Your code changes its input {detail} in place (an in-place op such as div_, masked_fill_ or "
+            "`x /= …` on an argument): the caller's tensor changes too. Compute into a new tensor instead "
+            "(q = q / √d_k, not q /= √d_k)."
+        ),
+        "",
+        "",
+        "",
+    ),
+    Mistake(
         "exception",
         N_("Your code raised an exception: {detail}"),
         "",
