@@ -202,6 +202,23 @@ assert report.codes == ["softmax_axis"]
         "code",
         """def simple_attention(X):
     # «你的实现：三步 —— 打分、softmax、加权求和|your implementation: three steps — scores, softmax, weighted sum»
+    raise NotImplementedError(«"把三步写在这里，再运行这个单元"|"write the three steps here, then run this cell again"»)
+
+
+report = grade(simple_attention)
+print(report)  # «写好之前：“你的代码抛出了异常……”|until you write it: "Your code raised an exception: …"»
+""",
+    ),
+    (
+        "md",
+        """### 参考答案
+先自己写、让上面的 `report.passed` 变成真，再看这里对照。""",
+        """### A solution
+Write yours first (until `report.passed` above is true), then compare.""",
+    ),
+    (
+        "code",
+        """def simple_attention(X):
     scores = X @ X.T
     weights = torch.softmax(scores, dim=-1)
     return weights @ X
@@ -425,11 +442,28 @@ assert "missing_scale" in report.codes
     ),
     (
         "code",
+        """def scaled_dot_product_attention(q, k, v, mask=None):
+    # «你的实现：打分、除以 √d_k、掩码、softmax、加权求和|your implementation: scores, ÷ √d_k, mask, softmax, weighted sum»
+    raise NotImplementedError(«"在这里写你的实现，再运行这个单元"|"write yours here, then run this cell again"»)
+
+
+report = grade(scaled_dot_product_attention)
+print(report)  # «写好之前：“你的代码抛出了异常……”|until you write it: "Your code raised an exception: …"»
+""",
+    ),
+    (
+        "md",
+        """### 参考答案
+先自己写、让上面的 `report.passed` 变成真，再看这里对照。""",
+        """### A solution
+Write yours first (until `report.passed` above is true), then compare.""",
+    ),
+    (
+        "code",
         """import math
 
 
 def scaled_dot_product_attention(q, k, v, mask=None):
-    # «你的实现|your implementation»
     scores = q @ k.T / math.sqrt(k.shape[-1])
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
