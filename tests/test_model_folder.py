@@ -153,3 +153,19 @@ def test_bad_model_folders_are_usage_errors(folders, tmp_path, capsys, which, me
         args += ["--out", str(tmp_path / "x.html")]
     assert main(args) == 2
     assert message in " ".join(capsys.readouterr().err.split())
+
+
+def test_tokenizer_ids_past_the_vocab_are_a_usage_error(folders, tmp_path, capsys):
+    """Tokenizer files from another model (ids past the embedding table) name the cause, not IndexError."""
+    import shutil
+
+    from transformers import AutoModel
+
+    folder = tmp_path / "small-vocab"
+    shutil.copytree(folders["llama"], folder)
+    model = AutoModel.from_pretrained(folder, local_files_only=True)
+    model.resize_token_embeddings(4)
+    model.save_pretrained(folder)
+    assert main(["explain", TEXT, "--model", str(folder)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "vocab_size is 4" in err and "do not belong to this model" in err

@@ -260,6 +260,12 @@ def run_text(
     special = [i in special_ids for i in ids]
     if all(special):
         raise ValueError("text is empty after tokenization (no token besides the special ones): " + text)
+    vocab = getattr(net.get_input_embeddings(), "num_embeddings", None)
+    if vocab is not None and max(ids) >= vocab:
+        raise ValueError(
+            f"the tokenizer of '{model}' produces token ids up to {max(ids)} but the model's vocab_size is "
+            f"{vocab}: the folder's tokenizer files do not belong to this model"
+        )
     tokens = tokenizer.convert_ids_to_tokens(ids)
     unk = tokenizer.unk_token_id
     n_unknown = 0 if unk is None else sum(i == unk for i in ids)
