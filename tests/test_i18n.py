@@ -172,6 +172,14 @@ def test_lang_zh_on_an_english_locale(monkeypatch, capsys):
     assert "注意力权重" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("args", [["demo", "--lang", "zh"], ["demo", "--example", "two-token", "--lang=zh"]])
+def test_lang_after_the_command_is_honoured(monkeypatch, capsys, args):
+    """``selfattention demo --lang zh`` (the option given after the command) works as ``--lang zh demo``."""
+    monkeypatch.setenv("LANG", "en_US.UTF-8")
+    assert main(args) == 0
+    assert "注意力权重" in capsys.readouterr().out
+
+
 def test_two_token_notes_follow_the_language(monkeypatch, capsys):
     """The example's own note beside the printed 1/√2 (text / text_zh in two-token.toml) is translated."""
 

@@ -217,6 +217,28 @@ def _language_of(argv: list[str]) -> str:
     return lang if lang in i18n.LANGUAGES else i18n.language_from_env()
 
 
+def _lang_first(argv: list[str]) -> list[str]:
+    """``--lang X`` / ``--lang=X`` given after the command (``selfattention demo --lang zh``) moved before it,
+    where the option lives; only for a known language and never after ``--``."""
+    out, moved, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            out += argv[i:]
+            break
+        if arg == "--lang" and i + 1 < len(argv) and argv[i + 1] in i18n.LANGUAGES and out:
+            moved += argv[i : i + 2]
+            i += 2
+            continue
+        if arg.startswith("--lang=") and arg.split("=", 1)[1] in i18n.LANGUAGES and out:
+            moved.append(arg)
+            i += 1
+            continue
+        out.append(arg)
+        i += 1
+    return [*moved, *out]
+
+
 def _only_lang(argv: list[str]) -> bool:
     """Whether ``argv`` holds nothing but ``--lang X`` / ``--lang=X``."""
     rest = list(argv)
@@ -230,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
     The interface language is set first (``--lang``, else the locale), so that help texts are built in it.
     """
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _lang_first(sys.argv[1:] if argv is None else list(argv))
     try:
         i18n.set_language(_language_of(argv))
         _typer_words()
