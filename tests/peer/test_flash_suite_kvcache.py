@@ -25,6 +25,8 @@ import torch
 
 from selfattention.flash import flash_attn_with_kvcache
 
+from ..flash_oracle import fa_attention
+
 I32 = torch.int32
 SHAPES = [(1, 128), (1, 339), (3, 99), (17, 80), (32, 32), (5, 3)]  # (seqlen_q, seqlen_k); 5 > 3: no new kv
 LAYOUTS = ["dense", "batch_idx", "leftpad", "paged16", "paged256"]
@@ -44,20 +46,6 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Te
     out[..., first] = a * c - b * s
     out[..., second] = a * s + b * c
     return out
-
-
-def _attention(q, k, v, ok, bias, work: torch.dtype):
-    """q (B, Tq, H, D), k/v (B, Tk, H, D) (heads already repeated), ok (B, Tq, Tk) bool, bias (B, H, Tq, Tk)
-    or None: softmax(q·kᵀ/√D + bias) v computed in ``work`` (keys scaled first, flash-attn's reordered
-    reference); rows that see nothing give zeros. Returns (out (B, Tq, H, D), lse (B, H, Tq))."""
-    q, k, v = q.to(work), k.to(work), v.to(work)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k / math.sqrt(q.shape[-1]))
-    if bias is not None:
-        s = s + bias.to(work)
-    s = s.masked_fill(~ok[:, None], -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
-    w = torch.softmax(s, dim=-1).nan_to_num(0.0)
-    return torch.einsum("bhqk,bkhd->bqhd", w, v), lse
 
 
 def _case_extras(key: str):
@@ -189,11 +177,9 @@ def test_kvcache_against_float64(dtype, mha_type, new_kv, alibi, local, causal, 
     rel = qpos[:, :, None] - j  # (B, Tq, Tk)
     ok = ok & (rel >= -right if right >= 0 else True) & (rel <= left if left >= 0 else True)
     bias = None if slopes is None else -slopes.double()[:, :, None, None] * rel.abs()[:, None].double()
-    g = nheads // nheads_k
-    kr, vr = exp_k.repeat_interleave(g, 2), exp_v.repeat_interleave(g, 2)
     q_in = q_ro.to(dtype)  # the rotated query as the library sees it (rounded to dtype)
-    ref, ref_lse = _attention(q_in, kr, vr, ok, bias, torch.float64)
-    low, _ = _attention(q_in, kr.to(dtype), vr.to(dtype), ok, bias, dtype)
+    ref, ref_lse = fa_attention(q_in, exp_k, exp_v, ok, bias)
+    low, _ = fa_attention(q_in, exp_k.to(dtype), exp_v.to(dtype), ok, bias, work=dtype)
     err, err_low = (out.double() - ref).abs().max().item(), (low.double() - ref).abs().max().item()
     mult = 5 if alibi else 3
     assert err <= mult * err_low + 1e-5, (err, err_low)
