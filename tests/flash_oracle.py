@@ -102,3 +102,46 @@ def fa_varlen(q, k, v, cu_q, cu_k, *, slopes=None, keep=None, **kw):
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs, 0), torch.cat(lses, 1)
+
+
+def fa_visible_fast(
+    sq: int, sk: int, causal: bool, window: tuple[int, int], max_sk: int | None = None
+) -> torch.Tensor:
+    """:func:`fa_visible` without the loops (the same rules, for the larger shapes of flash-attn's cases)."""
+    big = sk if max_sk is None else max_sk
+    left, right = (int(w) for w in window)
+    left, right = (-1 if w >= big else w for w in (left, right))
+    if causal:
+        right = 0
+    rel = (torch.arange(sq)[:, None] + sk - sq) - torch.arange(sk)[None]  # query position − key position
+    ok = torch.ones(sq, sk, dtype=torch.bool)
+    if left < 0 and right < 0:
+        return ok
+    return (rel <= (big if left < 0 else left)) & (-rel <= (big if right < 0 else right))
+
+
+def fa_attention(
+    q, k, v, ok, bias=None, *, scale=None, softcap=0.0, keep=None, dropout_p=0.0, work=torch.float64
+):
+    """Batched attention in flash-attn's layout computed in ``work`` (float64 for the reference; the input
+    dtype for flash-attn's "naive PyTorch" error baseline): keys scaled before q·kᵀ (its reordered
+    reference), then the softcap, then ``bias``; rows that see nothing give zeros.
+
+    q (B, Tq, H, D), k/v (B, Tk, Hk, D) (Hk divides H), ok (B or 1, Tq, Tk) bool, bias broadcastable to
+    (B, H, Tq, Tk), keep (B, H, Tq, Tk) bool (dropout keep-mask, kept weights / (1 − p)).
+    Returns out (B, Tq, H, Dv) and lse (B, H, Tq) in ``work`` (−inf where nothing is seen), differentiable."""
+    g = q.shape[2] // k.shape[2]
+    q, k, v = q.to(work), k.to(work).repeat_interleave(g, 2), v.to(work).repeat_interleave(g, 2)
+    sc = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k * sc)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias.to(work)
+    s = s.masked_fill(~ok[:, None], -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    w = torch.softmax(s, dim=-1)
+    w = torch.where(ok[:, None], w, torch.zeros((), dtype=work))  # blind rows: 0, not NaN (nor NaN grads)
+    if keep is not None:
+        w = w * keep.to(work) / (1 - dropout_p)
+    return torch.einsum("bhqk,bkhd->bqhd", w, v), lse

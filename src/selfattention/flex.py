@@ -80,7 +80,7 @@ KERNEL_OPTIONS = frozenset(
 tuning and backend choices that do not change results here, so they are no-ops. Others raise."""
 _BACKENDS = ("AUTO", "TRITON", "TRITON_DECODE", "FLASH")
 
-# BlockMasks made by create_block_mask from a recognised mod → its Visibility fields
+# create_block_mask's BlockMasks of a recognised mod → (mod, lengths, Visibility fields): kept while unchanged
 _STRUCTURE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -229,7 +229,7 @@ def create_block_mask(
     )  # fmt: skip
     fields = visibility_fields(mask_mod, Q_LEN, KV_LEN)
     if fields is not None:
-        _STRUCTURE[bm] = fields
+        _STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields)
     return bm
 
 
@@ -282,8 +282,8 @@ def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) 
         )
     if bm.kv_num_blocks.device != device:
         raise RuntimeError(f"q/k/v are on {device} but the block_mask is on {bm.kv_num_blocks.device}")
-    fields = _STRUCTURE.get(bm)
-    if fields is not None:
+    mod0, lens0, fields = _STRUCTURE.get(bm, (None, None, None))
+    if fields is not None and bm.mask_mod is mod0 and tuple(bm.seq_lengths) == lens0:
         fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()}
         return Visibility(tq, tk, **fields), (128, 128)
     mod = None if bm.mask_mod is noop_mask else bm.mask_mod

@@ -3,11 +3,12 @@ written: every failure names the argument and its value (see that function's doc
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["KVCacheArgs", "check_index", "check_kvcache_args"]
+__all__ = ["CapacityError", "KVCacheArgs", "as_int", "check_index", "check_kvcache_args", "window_pair"]
 
 _INDEX_DTYPE = torch.int32  # flash-attn's dtype for every index tensor
 
@@ -30,6 +31,35 @@ class KVCacheArgs:
     left: int
     right: int
     memo: dict = field(default_factory=dict)  # per-call results shared by keys and values
+
+
+class CapacityError(ValueError, RuntimeError):
+    """A sequence longer than its cache (or its ``block_table`` row) can hold. A ``ValueError`` like every
+    bad argument here, and a ``RuntimeError`` as flash-attn's own check (code catching either works)."""
+
+
+def as_int(name: str, x: object) -> int:
+    """An int argument; a one-element integer tensor counts (flash-attn's tests pass
+    ``window_size=torch.randint(0, seqlen_k, (2,))``). bool and float are refused (``TypeError``)."""
+    if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_floating_point() and x.dtype != torch.bool:
+        return int(x)
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {x!r}")
+    return int(x)
+
+
+def window_pair(window_size: object) -> tuple[int, int]:
+    """flash-attn's ``window_size``: a pair (left, right) of ints ≥ −1 (−1 = infinite), as a tuple, list or
+    1-D integer tensor of two entries."""
+    if isinstance(window_size, torch.Tensor):
+        window_size = window_size.tolist() if window_size.dim() == 1 else window_size
+    if not isinstance(window_size, tuple | list) or len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right) of ints, got {window_size!r}")
+    left, right = (as_int(f"window_size[{i}]", w) for i, w in enumerate(window_size))
+    for i, w in enumerate((left, right)):
+        if w < -1:
+            raise ValueError(f"window_size[{i}] must be >= -1 (-1 = infinite), got {w}")
+    return left, right
 
 
 def check_index(name: str, t: object, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
@@ -143,10 +173,10 @@ def check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_
         if n < 0:
             raise ValueError(f"cache_seqlens[{b}] = {n} is negative")
         if n + new > capacity:
-            raise ValueError(
+            raise CapacityError(
                 f"cache_seqlens[{b}] = {n} + seqlen_new {new} = {n + new} exceeds the cache's capacity of {capacity} "
                 + (
-                    f"positions (max_num_blocks_per_seq {capacity // page} × page_block_size {page})"
+                    f"positions of its block_table row (max_num_blocks_per_seq {capacity // page} × page_block_size {page})"
                     if paged
                     else "positions (seqlen_cache)"
                 )
@@ -160,15 +190,14 @@ def check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_
     pages = None
     if paged:
         pages = _check_table(block_table, seqlens, new, page, num_pages)
-    if not isinstance(window_size, tuple | list) or len(window_size) != 2:
-        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
-    left, right = (int(x) for x in window_size)
-    if left < -1 or right < -1 or any(isinstance(x, bool) or not isinstance(x, int) for x in window_size):
-        raise ValueError(f"window_size must hold ints >= -1 (-1 = unbounded), got {tuple(window_size)}")
+    left, right = window_pair(window_size)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
     if causal:
         right = 0
+    # flash-attn's normalisation (mha_fwd_kvcache): a side as long as the cache is infinite; it decides
+    # whether the call is "local", hence where rotary places q (identical visibility either way)
+    left, right = (-1 if w >= capacity else w for w in (left, right))
     if isinstance(softcap, bool) or not isinstance(softcap, int | float) or not 0 <= softcap < float("inf"):
         raise ValueError(f"softcap must be a finite number >= 0 (0 = off), got {softcap!r}")
     if (rotary_cos is None) != (rotary_sin is None):
@@ -189,7 +218,9 @@ def check_kvcache_args(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_
             )
         if 2 * rotary_cos.shape[1] > dim:
             raise ValueError(f"rotary_dim = 2 × {rotary_cos.shape[1]} exceeds head_dim {dim}")
-        need = max(n + max(new, q_len) for n in seqlens)
+        # the new keys sit at n … n + new − 1; q at n … n + q_len − 1 when causal/local, else all at n
+        q_span = q_len if (left >= 0 or right >= 0) else min(q_len, 1)
+        need = max(n + max(new, q_span) for n in seqlens)
         if rotary_cos.shape[0] < need:
             raise ValueError(
                 f"rotary_cos has {rotary_cos.shape[0]} positions, the call needs {need} (cache_seqlens + seqlen)"

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from .._validation import check_bool, check_dropout
+from ..kvcache_args import as_int as _int
+from ..kvcache_args import window_pair as _window
 
 __all__ = ["Problem", "dense_problem", "unpage", "varlen_problem"]
 
@@ -76,26 +78,6 @@ def _heads(qn: str, kn: str, h: int, hk: int, d: int, dk: int, dv: int, vn: str)
         raise ValueError(
             f"nheads_k={hk} must divide nheads={h} ({kn}/{vn} heads shared by groups of query heads)"
         )
-
-
-def _int(name: str, x: object) -> int:
-    if isinstance(x, torch.Tensor) and x.numel() == 1 and not x.is_floating_point() and x.dtype != torch.bool:
-        return int(x)
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {x!r}")
-    return int(x)
-
-
-def _window(window_size: object) -> tuple[int, int]:
-    if isinstance(window_size, torch.Tensor):
-        window_size = window_size.tolist() if window_size.dim() == 1 else window_size
-    if not isinstance(window_size, tuple | list) or len(window_size) != 2:
-        raise ValueError(f"window_size must be a pair (left, right) of ints, got {window_size!r}")
-    left, right = (_int(f"window_size[{i}]", w) for i, w in enumerate(window_size))
-    for i, w in enumerate((left, right)):
-        if w < -1:
-            raise ValueError(f"window_size[{i}] must be >= -1 (-1 = infinite), got {w}")
-    return left, right
 
 
 def _normalise(left: int, right: int, causal: bool, sk: int) -> tuple[int, int]:

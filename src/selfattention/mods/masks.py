@@ -401,9 +401,14 @@ class Or(MaskMod):
         return {} if any(f == {} for f in fields) else None
 
 
+class NotAMaskMod(TypeError, RuntimeError):
+    """An argument of :func:`and_masks` / :func:`or_masks` that is not callable: a ``TypeError``, and the
+    ``RuntimeError`` torch's combiners raise (code catching either works)."""
+
+
 def _check_callables(name: str, mods) -> None:
     if not all(callable(m) for m in mods):
-        raise TypeError(f"{name}: every argument must be a callable mask_mod, got {mods!r}")
+        raise NotAMaskMod(f"{name}: every argument must be a callable mask_mod, got {mods!r}")
 
 
 def and_masks(*mask_mods: Callable) -> And:
