@@ -17,8 +17,9 @@ How it runs:
   other mask_mod (and torch's own ``BlockMask``) is planned block by block from the BlockMask's tables:
   full blocks through the fused kernel without a bias, partial blocks with their tile of the predicate,
   empty blocks never computed;
-* the score mod: an additive bias (``mod(s, …) == s + mod(0, …)``, checked on a random probe tile, or a
-  ready mod that says so) that captures no tensor requiring grad becomes a bias tile of the fused kernel;
+* the score mod: an additive bias (a ready mod that says so, or a function whose code is ``score ± terms
+  free of score``: :func:`selfattention.mods.additive.is_additive`) that captures no tensor requiring
+  grad becomes a bias tile of the fused kernel;
   anything else runs in :mod:`selfattention.kernels.scored` (per query block, checkpointed), where
   autograd reaches every tensor the mod closes over.
 
@@ -34,9 +35,7 @@ torch's ``BlockMask``): torch's compiled flex is the vendor kernel there, with t
 
 from __future__ import annotations
 
-import inspect
 import math
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -45,11 +44,12 @@ from torch.nn.attention.flex_attention import AuxOutput, AuxRequest, BlockMask
 from torch.nn.attention.flex_attention import flex_attention as _torch_flex
 
 from ._validation import symbolic
+from .flex_masks import create_block_mask, create_mask, positional_args, takes, visibility_of
 from .kernels import engine, scored
 from .kernels.plan import row_spans
-from .mods import ScoreMod, and_masks, noop_mask, or_masks, visibility_fields
+from .mods import ScoreMod, and_masks, noop_mask, or_masks
 from .mods.additive import is_additive
-from .visibility import FULL, PARTIAL, SKIP, Predicate, Visibility, evaluate_mod, index_tiles
+from .visibility import Predicate, evaluate_mod
 
 __all__ = [
     "flex_attention",
@@ -66,7 +66,6 @@ __all__ = [
     "describe",
 ]
 
-_LARGE = 1 << 30  # torch's block size of "no block mask"
 
 _TUNING = (
     "num_warps", "num_stages", "BLOCK_M", "BLOCK_N", "BLOCK_M1", "BLOCK_N1", "BLOCK_M2", "BLOCK_N2",
@@ -79,216 +78,6 @@ KERNEL_OPTIONS = frozenset(
 """The ``kernel_options`` keys accepted (torch's FlexKernelOptions, also with ``fwd_``/``bwd_``): Triton
 tuning and backend choices that do not change results here, so they are no-ops. Others raise."""
 _BACKENDS = ("AUTO", "TRITON", "TRITON_DECODE", "FLASH")
-
-# create_block_mask's BlockMasks of a recognised mod → (mod, lengths, Visibility fields): kept while unchanged
-_STRUCTURE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Block masks
-# ---------------------------------------------------------------------------------------------------------
-
-
-def _default_device(device):
-    if device is not None:
-        return torch.device(device)
-    acc = torch.accelerator.current_accelerator() if hasattr(torch, "accelerator") else None
-    return torch.device(acc) if acc is not None else torch.device("cpu")
-
-
-def _check_mask_mod(mask_mod: Callable) -> None:
-    if not callable(mask_mod):
-        raise TypeError(
-            f"mask_mod must be callable (b, h, q_idx, kv_idx) -> bool, got {type(mask_mod).__name__}"
-        )
-
-
-def _sizes(B, H, Q_LEN, KV_LEN) -> tuple[int, int]:
-    for name, n in (("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)) + (("B", B), ("H", H)):
-        if n is None and name in ("B", "H"):
-            continue
-        if isinstance(n, bool) or not isinstance(n, int) or n < (0 if name.endswith("LEN") else 1):
-            kind = "a non-negative int" if name.endswith("LEN") else "a positive int or None"
-            raise ValueError(f"{name} must be {kind}, got {n!r}")
-    return (1 if B is None else B), (1 if H is None else H)
-
-
-def create_mask(
-    mod_fn: Callable, B: int | None, H: int | None, Q_LEN: int, KV_LEN: int, device=None
-) -> torch.Tensor:
-    """The dense bool mask (B, H, Q_LEN, KV_LEN) of a mask_mod, or of a score_mod (True where it does not
-    give −inf), as torch's ``create_mask``; B/H None = 1."""
-    b_, h_ = _sizes(B, H, Q_LEN, KV_LEN)
-    idx = index_tiles(b_, h_, 0, Q_LEN, 0, KV_LEN, _default_device(device))
-    shape = (b_, h_, Q_LEN, KV_LEN)
-    if _positional_args(mod_fn) == 5:
-        zero = torch.zeros(shape, device=idx[0].device)
-        return ~torch.isneginf(evaluate_mod(mod_fn, *idx, score=zero)).expand(shape)
-    return evaluate_mod(mod_fn, *idx).expand(shape).clone()
-
-
-def _positional_args(fn) -> int:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return 4
-    return sum(
-        1
-        for p in params
-        if p.default is inspect.Parameter.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    )
-
-
-def _takes(fn, n: int) -> bool:
-    """Whether ``fn`` can be called with ``n`` positional arguments (True when its signature is unknown)."""
-    try:
-        inspect.signature(fn).bind(*range(n))
-    except TypeError:
-        return False
-    except ValueError:
-        return True
-    return True
-
-
-def _ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(num_blocks (…, rows), indices (…, rows, cols)) int32 of a 0/1 block table, listed blocks first."""
-    dense = dense.to(torch.int32)
-    return dense.sum(dim=-1).to(torch.int32), torch.argsort(dense, dim=-1, descending=True, stable=True).to(
-        torch.int32
-    )
-
-
-def create_block_mask(
-    mask_mod: Callable,
-    B: int | None,
-    H: int | None,
-    Q_LEN: int,
-    KV_LEN: int,
-    device=None,
-    BLOCK_SIZE: int | tuple[int, int] = 128,
-    _compile: bool = False,
-    separate_full_blocks: bool = True,
-    compute_dq_write_order: bool = False,
-    dq_kv_order: bool = True,
-) -> BlockMask:
-    """torch's ``create_block_mask``: the mask_mod evaluated per block on broadcast index tensors (b (B, 1,
-    1, 1), h (1, H, 1, 1), q_idx (1, 1, R, 1), kv_idx (1, 1, 1, C); ``torch.vmap`` when the mod is not
-    broadcast-friendly), each block of BLOCK_SIZE queries × keys classified full / partial / empty, as
-    **torch's own** :class:`BlockMask` (``to_dense()``, printing and torch's flex_attention work on it).
-    B/H None: the mask is the same for every batch entry / head. As in torch, a block cut by the end of the
-    sequence is never "full". ``_compile`` is accepted (nothing to compile here); ``compute_dq_write_order``
-    (metadata of torch's deterministic FLASH backward) is not supported.
-
-    >>> from selfattention.mods import causal_mask
-    >>> bm = create_block_mask(causal_mask, None, None, 256, 256, device="cpu")
-    >>> bm.to_dense()[0, 0].tolist(), bm.kv_num_blocks.tolist(), bm.full_kv_num_blocks.tolist()
-    ([[1, 0], [1, 1]], [[[1, 1]]], [[[0, 1]]])
-    """
-    _check_mask_mod(mask_mod)
-    n_args = _positional_args(mask_mod)
-    if n_args != 4:
-        what = "a score_mod" if n_args == 5 else f"a function of {n_args} positional arguments"
-        raise TypeError(f"create_block_mask requires a mask_mod (b, h, q_idx, kv_idx), got {what}")
-    b_, h_ = _sizes(B, H, Q_LEN, KV_LEN)
-    sizes = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else BLOCK_SIZE
-    if not isinstance(sizes, tuple | list) or len(sizes) != 2:
-        raise ValueError(f"BLOCK_SIZE must be a positive int or a pair of them, got {BLOCK_SIZE!r}")
-    bq, bk = sizes
-    for n in (bq, bk):
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise ValueError(f"BLOCK_SIZE must be a positive int or a pair of them, got {BLOCK_SIZE!r}")
-    if compute_dq_write_order:
-        raise NotImplementedError(
-            "create_block_mask: compute_dq_write_order (torch's FLASH backend) is not supported"
-        )
-    device = _default_device(device)
-    nq, nk = -(-Q_LEN // bq), -(-KV_LEN // bk)
-    counts = torch.zeros((b_, h_, nq, nk), dtype=torch.int64)
-    step = max(bk, ((1 << 22) // max(1, bq * b_ * h_)) // bk * bk)
-    for a in range(nq):
-        i0, i1 = a * bq, min(Q_LEN, (a + 1) * bq)
-        for j0 in range(0, KV_LEN, step):
-            j1 = min(KV_LEN, j0 + step)
-            m = evaluate_mod(mask_mod, *index_tiles(b_, h_, i0, i1, j0, j1, device))
-            if m.dtype != torch.bool:
-                raise TypeError(f"mask_mod must return a bool tensor, got dtype {m.dtype}")
-            m = m.expand(*m.shape[:2], i1 - i0, j1 - j0)  # (1 or B, 1 or H, R, C)
-            pad = (-(j1 - j0)) % bk
-            if pad:
-                m = torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], dim=-1)
-            m = m.unflatten(-1, (-1, bk)).sum(dim=(2, 4), dtype=torch.int32)  # visible entries per block
-            counts[:, :, a, j0 // bk : j0 // bk + m.shape[-1]] = m.cpu()
-    full = counts == bq * bk
-    partial = (counts > 0) & ~full if separate_full_blocks else counts > 0
-    kv_num, kv_idx = _ordered(partial)
-    f_num, f_idx = _ordered(full) if separate_full_blocks else (None, None)
-    bm = BlockMask.from_kv_blocks(
-        kv_num.to(device), kv_idx.to(device), None if f_num is None else f_num.to(device),
-        None if f_idx is None else f_idx.to(device), BLOCK_SIZE=(bq, bk), mask_mod=mask_mod,
-        seq_lengths=(Q_LEN, KV_LEN),
-    )  # fmt: skip
-    fields = visibility_fields(mask_mod, Q_LEN, KV_LEN)
-    if fields is not None:
-        _STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields)
-    return bm
-
-
-def _block_kinds(bm: BlockMask) -> torch.Tensor:
-    """int8 (b, h, n_q_blocks, n_kv_blocks) SKIP / FULL / PARTIAL from a BlockMask's tables."""
-    idx, num = bm.kv_indices.cpu().long(), bm.kv_num_blocks.cpu()
-    n = idx.shape[-1]
-    kinds = torch.full((*idx.shape[:-1], n + 1), SKIP, dtype=torch.int8)  # one spare column for the unlisted
-
-    def mark(num, idx, kind):
-        listed = torch.arange(idx.shape[-1]) < num[..., None]
-        kinds.scatter_(-1, torch.where(listed, idx, n), kind)
-        kinds[..., n] = SKIP
-
-    mark(num, idx, PARTIAL)
-    if bm.full_kv_num_blocks is not None:
-        mark(bm.full_kv_num_blocks.cpu(), bm.full_kv_indices.cpu().long(), FULL)
-    return kinds[..., :n].contiguous()
-
-
-def _visibility(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device) -> tuple[Visibility, tuple]:
-    """The Visibility of a block mask for canonical (B, H, Tq, Tk), and the plan's block sizes."""
-    if bm is not None and not isinstance(bm, BlockMask):
-        hint = (
-            " (a dense mask goes to scaled_dot_product_attention's attn_mask, or make a BlockMask with "
-            "create_block_mask)"
-            if isinstance(bm, torch.Tensor)
-            else ""
-        )
-        raise TypeError(
-            f"block_mask must be a BlockMask (create_block_mask) or None, got {type(bm).__name__}{hint}"
-        )
-    if bm is None or tuple(bm.BLOCK_SIZE) == (_LARGE, _LARGE):
-        return Visibility(tq, tk), (128, 128)
-    if getattr(bm.mask_mod, "__name__", "") == "_sliced_mask_mod_error":
-        raise RuntimeError("Cannot use mask_mod from a sliced BlockMask")
-    if tuple(bm.seq_lengths) != (tq, tk):
-        raise ValueError(
-            f"block_mask was created for (Q_LEN, KV_LEN) = {tuple(bm.seq_lengths)} but query/key have "
-            f"q_len={tq}, kv_len={tk}: create a new block mask for these lengths"
-        )
-    if bm.kv_indices.dim() != 4:
-        raise ValueError(
-            f"block_mask must have 4-D tables (B, H, rows, cols), got {tuple(bm.kv_indices.shape)}"
-        )
-    bb, bh = bm.kv_indices.shape[:2]
-    if bb not in (1, b) or bh not in (1, h):
-        raise ValueError(
-            f"block_mask has (B, H) = ({bb}, {bh}); query has B={b}, H={h} (each must match or be 1)"
-        )
-    if bm.kv_num_blocks.device != device:
-        raise RuntimeError(f"q/k/v are on {device} but the block_mask is on {bm.kv_num_blocks.device}")
-    mod0, lens0, fields = _STRUCTURE.get(bm, (None, None, None))
-    if fields is not None and bm.mask_mod is mod0 and tuple(bm.seq_lengths) == lens0:
-        fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()}
-        return Visibility(tq, tk, **fields), (128, 128)
-    mod = None if bm.mask_mod is noop_mask else bm.mask_mod
-    pred = Predicate(mod, b, h, _block_kinds(bm), tuple(bm.BLOCK_SIZE), device=device)
-    return Visibility(tq, tk, mod=pred), tuple(bm.BLOCK_SIZE)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -446,8 +235,8 @@ def flex_attention(
         raise TypeError(f"return_aux must be an AuxRequest or None, got {type(return_aux).__name__}")
     if score_mod is not None and not callable(score_mod):
         raise TypeError(f"score_mod must be callable or None, got {type(score_mod).__name__}")
-    if score_mod is not None and not _takes(score_mod, 5):
-        n = _positional_args(score_mod)
+    if score_mod is not None and not takes(score_mod, 5):
+        n = positional_args(score_mod)
         what = (
             "a mask_mod (b, h, q_idx, kv_idx): a mask goes to block_mask=create_block_mask(mask_mod, ...)"
             if n == 4
@@ -464,7 +253,7 @@ def flex_attention(
         raise ValueError(f"scale must be a finite number or None, got {scale!r}")
     if key.shape[0] != b:
         key, value = key.expand(b, *key.shape[1:]), value.expand(b, *value.shape[1:])
-    vis, (bq, bk) = _visibility(block_mask, b, h, tq, tk, query.device)
+    vis, (bq, bk) = visibility_of(block_mask, b, h, tq, tk, query.device)
     want_max = return_aux is not None and return_aux.max_scores
     out, lse, mx = _run(query, key, value, vis, float(scale), score_mod, bq, bk, want_max)
     if return_aux is not None:
@@ -488,7 +277,7 @@ def describe(query, key, value, score_mod=None, block_mask=None, scale=None, ena
     """What :func:`flex_attention` would do with these arguments, without computing."""
     _check_qkv(query, key, value, enable_gqa)
     b, h, tq, e = query.shape
-    vis, (bq, bk) = _visibility(block_mask, b, h, tq, key.shape[2], query.device)
+    vis, (bq, bk) = visibility_of(block_mask, b, h, tq, key.shape[2], query.device)
     if score_mod is not None:
         bias = _as_bias(score_mod, b, h, tq, vis.k_len, query.device)
         if bias is None:
