@@ -10,7 +10,7 @@ with ``transformers.AttentionInterface`` and :func:`attention_mask` with ``Atten
 **Both are needed**: for a name that has no mask function transformers builds no mask at all, so padding
 would be attended to. :func:`attention_forward` refuses to run in that case (``RuntimeError``).
 
-The mask function returns a lazy :class:`~selfattention.hf_masks.LazyMask` (a Visibility: causal at the
+The mask function returns a lazy :class:`~selfattention.hf_recipe.LazyMask` (a Visibility: causal at the
 cache's offset, the sliding window, chunks and packed sequences as documents, padding as a key-only
 (B, 1, 1, Tk) mask, anything else a per-block predicate), never a dense (B, 1, Tq, Tk) mask; the call
 runs on the block engine (:func:`~selfattention.hf_masks.engine_attention`), soft-capping as a score
@@ -82,7 +82,8 @@ from . import _hooks, hf_dense
 from ._validation import check_dropout
 from .backends import scaled_dot_product_attention
 from .functional import attention_steps, attention_weights
-from .hf_masks import LazyMask, engine_attention, mask_function
+from .hf_masks import engine_attention
+from .hf_recipe import LazyMask, mask_function
 from .visibility import Visibility
 
 __all__ = [
@@ -189,9 +190,9 @@ def _import_transformers() -> None:
 
 def attention_mask(*args: Any, **kwargs: Any) -> LazyMask:
     """The mask function registered with our attention (``AttentionMaskInterface``, ``sdpa_mask``'s
-    signature): a :class:`~selfattention.hf_masks.LazyMask` — causal at the cache's offset, sliding
+    signature): a :class:`~selfattention.hf_recipe.LazyMask` — causal at the cache's offset, sliding
     window, chunks or packed sequences as documents, padding as a key-only (B, 1, 1, Tk) mask, anything
-    else as a per-block predicate — never a dense (B, 1, Tq, Tk) tensor (see :mod:`selfattention.hf_masks`).
+    else as a per-block predicate — never a dense (B, 1, Tq, Tk) tensor (see :mod:`selfattention.hf_recipe`).
     """
     return mask_function(*args, **kwargs)
 
