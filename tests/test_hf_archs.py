@@ -1,0 +1,241 @@
+"""Many transformers architectures on ``selfattention.hf``, each against transformers' own attention.
+
+The models are tiny and random (tests/tiny_archs.py: hidden 32, 2 layers, 4 heads, vocabulary 99, built
+offline from configs). On the same weights, ours runs against transformers' ``eager`` (an independent
+oracle: its own matmul-softmax code) and ``sdpa`` (torch's kernels; absent for Gemma 2 and gpt-oss):
+
+* float32 logits, a batch of two with the first sequence left- or right-padded, T = 11 (a window of 4
+  and Llama 4's chunks of 4 bite, and T is no multiple of any tile);
+* float64 against sdpa to 1e-10 (eager computes its softmax in float32 in most models: 1e-6), on the
+  default route and on the engine's block plans with 8 × 8 tiles (``planned``: every masked call planned,
+  T = 11 spans two tiles, the second cut short);
+* gradients of every parameter and of the input embeddings (Whisper: the input features), float64;
+* greedy ``generate`` with the dynamic and the static cache (decoders, encoder-decoders): the same tokens
+  as eager, and the same step logits.
+
+Every comparison is checked to be able to fail: the same model with a control attention that ignores the
+mask (every key visible) is far from eager on the same positions. Architectures that transformers does
+not route through its attention interface (Bloom, Falcon, MPT, XGLM in transformers 5.x) are checked to
+stay on their own code (no call reaches ours), not reported as passes.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from selfattention import hf, hf_masks  # noqa: E402
+from tests import tiny_archs  # noqa: E402
+from tests.tiny_archs import ARCHS, DECODERS, NOT_ROUTED, ROUTED, SEQ2SEQS, batch, build, real  # noqa: E402
+
+CONTROL = "selfattention-control"
+
+
+def _control(module, query, key, value, attention_mask, **kwargs):
+    """Ours with the mask dropped (every key visible, not causal): what a backend that ignored the mask
+    would return. Used only to show that each comparison below can fail."""
+    kwargs.pop("is_causal", None)
+    kwargs.pop("sliding_window", None)
+    return hf.attention_forward(module, query, key, value, None, is_causal=False, **kwargs)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.utils import logging
+
+    hf.register()
+    AttentionInterface.register(CONTROL, _control)
+    AttentionMaskInterface.register(CONTROL, hf.attention_mask)
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    logging.set_verbosity(verbosity)
+
+
+_MODELS: dict[str, torch.nn.Module] = {}
+
+
+def _model(name: str) -> torch.nn.Module:
+    """One float32 model per architecture for the module (tests that change its dtype restore it)."""
+    if name not in _MODELS:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _MODELS[name] = build(name)
+    return _MODELS[name]
+
+
+@pytest.fixture
+def planned(monkeypatch):
+    """Every masked call on the engine's block plan, with 8 × 8 tiles (the score-mod kernel too)."""
+    from selfattention.kernels import engine, scored
+
+    make_problem, scored_attention = engine.make_problem, scored.attention
+    monkeypatch.setattr(hf_masks, "SMALL", 0)
+    monkeypatch.setattr(
+        engine, "make_problem", lambda *a, **kw: make_problem(*a, **{"block_q": 8, "block_k": 8, **kw})
+    )
+    monkeypatch.setattr(
+        scored, "attention", lambda *a, **kw: scored_attention(*a, **{"block_q": 8, "block_k": 8, **kw})
+    )
+
+
+def _logits(model, inputs, impl: str) -> torch.Tensor:
+    model.set_attn_implementation(impl)
+    return model(**inputs).logits
+
+
+def _cast(inputs: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in inputs.items()}
+
+
+def _references(name: str) -> list[str]:
+    return ["eager", "sdpa"] if ARCHS[name].sdpa else ["eager"]
+
+
+def _assert_close_and_sensitive(model, inputs, name: str, tol: dict[str, float]) -> None:
+    """Ours within ``tol[impl]`` × the logits' size of each reference on the defined positions, and the
+    control (mask ignored) more than 100 × the loosest tolerance away from eager."""
+    keep = real(name, inputs)
+    with torch.no_grad():
+        ours = _logits(model, inputs, hf.NAME)
+        scale = ours[keep].abs().max()
+        assert torch.isfinite(ours[keep]).all() and scale > 1e-2
+        refs = {impl: _logits(model, inputs, impl) for impl in tol}
+        for impl, theirs in refs.items():
+            err = (ours - theirs)[keep].abs().max() / scale
+            assert err <= tol[impl], (impl, float(err))
+        control = _logits(model, inputs, CONTROL)
+    assert (control - next(iter(refs.values())))[keep].abs().max() / scale > 100 * max(tol.values())
+
+
+# ------------------------------------------------------------------------------------------------ forward
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("name", ROUTED)
+def test_float32_logits_match_eager_and_sdpa(name, side):
+    model = _model(name)
+    _assert_close_and_sensitive(model, batch(name, side), name, dict.fromkeys(_references(name), 2e-6))
+
+
+@pytest.mark.parametrize("route", ["default", "planned"])
+@pytest.mark.parametrize("name", ROUTED)
+def test_float64_logits_match_sdpa_exactly(name, route, request):
+    """float64: sdpa to 1e-10; eager to 1e-6, as most models' eager softmax runs in float32 (which also
+    turns a left-padded float64 row into NaN: eager is compared on right padding only)."""
+    if route == "planned":
+        request.getfixturevalue("planned")
+    model = _model(name).double()
+    try:
+        for side in ("left", "right") if ARCHS[name].sdpa else ("right",):
+            inputs = _cast(batch(name, side), torch.float64)
+            tol = {"eager": 1e-6} if side == "right" else {}
+            if ARCHS[name].sdpa:
+                tol["sdpa"] = 1e-10
+            _assert_close_and_sensitive(model, inputs, name, tol)
+    finally:
+        model.float()
+
+
+# ------------------------------------------------------------------------------------------------ gradients
+
+
+def _grads(model, inputs, name: str, impl: str) -> dict[str, torch.Tensor]:
+    """d(weighted sum of the defined logits) / d(every parameter, the input embeddings or features)."""
+    model.set_attn_implementation(impl)
+    model.zero_grad()
+    inputs = dict(inputs)
+    if "input_features" in inputs:
+        leaf = inputs["input_features"].clone().requires_grad_(True)
+        inputs["input_features"] = leaf
+    else:
+        leaf = model.get_input_embeddings()(inputs.pop("input_ids")).detach().requires_grad_(True)
+        inputs["inputs_embeds"] = leaf
+    logits = model(**inputs).logits
+    weight = torch.linspace(-1, 1, logits.shape[-1], dtype=logits.dtype)
+    (logits[real(name, inputs)] * weight).sum().backward()
+    out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    out["<inputs>"] = leaf.grad.clone()
+    model.zero_grad()
+    return out
+
+
+@pytest.mark.parametrize("name", ROUTED)
+def test_float64_gradients_match_the_reference(name, planned):
+    """Every parameter's gradient and the inputs' (embeddings; Whisper: features), on 8 × 8 tiles, against
+    sdpa in float64 (Gemma 2, gpt-oss: eager, right padding)."""
+    model = _model(name).double()
+    ref = "sdpa" if ARCHS[name].sdpa else "eager"
+    inputs = _cast(batch(name, "left" if ref == "sdpa" else "right"), torch.float64)
+    try:
+        ours, theirs = (_grads(model, inputs, name, impl) for impl in (hf.NAME, ref))
+    finally:
+        model.float()
+    assert ours.keys() == theirs.keys()
+    tol = 1e-9 if ref == "sdpa" else 1e-6
+    for n in ours:
+        size = theirs[n].abs().max().clamp_min(1e-6)
+        assert (ours[n] - theirs[n]).abs().max() <= tol * size, n
+    assert theirs["<inputs>"].abs().max() > 1e-4
+
+
+# ------------------------------------------------------------------------------------------------ generation
+
+
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+@pytest.mark.parametrize("name", DECODERS + [n for n in SEQ2SEQS if ARCHS[n].kind == "seq2seq"])
+def test_greedy_generation_matches_eager(name, cache):
+    """Left-padded prompts (encoder-decoders: a right-padded source), 6 new tokens, float32: the tokens are
+    eager's and every step's logits within 2e-5 of eager's."""
+    model = _model(name)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, tiny_archs.VOCAB, (2, 7), generator=g)
+    mask = torch.ones_like(ids)
+    if ARCHS[name].kind == "decoder":
+        mask[0, :2] = 0
+    else:
+        mask[0, -2:] = 0
+    ids[mask == 0] = tiny_archs.config_pad(name)
+    runs = {}
+    for impl in ("eager", hf.NAME):
+        model.set_attn_implementation(impl)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs[impl] = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                cache_implementation=cache, output_scores=True, return_dict_in_generate=True,
+                pad_token_id=tiny_archs.config_pad(name), eos_token_id=None,
+            )  # fmt: skip
+    ours, theirs = runs[hf.NAME], runs["eager"]
+    assert torch.equal(ours.sequences, theirs.sequences)
+    for step_ours, step_theirs in zip(ours.scores, theirs.scores, strict=True):
+        finite = torch.isfinite(step_theirs)  # -inf: tokens a logits processor forbids (e.g. forced BOS)
+        assert torch.equal(finite, torch.isfinite(step_ours))
+        assert (step_ours - step_theirs)[finite].abs().max() <= 2e-5 * step_theirs[finite].abs().max()
+
+
+# ------------------------------------------------------------------------------------------------ not routed
+
+
+@pytest.mark.parametrize("name", NOT_ROUTED)
+def test_architectures_outside_the_attention_interface_never_reach_our_backend(name):
+    """transformers 5.x runs Bloom, Falcon, MPT and XGLM on their own attention code (their classes do not
+    support ``AttentionInterface``): asking for ours leaves them as they were, no call reaches us, and
+    their result is their own. (Reported as not run by this backend, never as a pass of it.)"""
+    model = _model(name)
+    assert not getattr(type(model), "_supports_attention_backend", False)
+    inputs = batch(name, "right")
+    with torch.no_grad():
+        before = _logits(model, inputs, "eager")
+        with hf.recording() as calls:
+            after = _logits(model, inputs, hf.NAME)
+    assert calls == [] and torch.equal(before, after)

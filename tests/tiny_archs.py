@@ -1,0 +1,231 @@
+"""Tiny random-weight models of many transformers architectures, built offline from configs.
+
+Every model: hidden 32, 2 layers (1 + 1 for encoder-decoders), 4 heads of 8 (2 key/value heads where the
+architecture groups them), vocabulary 99, random weights from ``torch.manual_seed``. The feature that
+distinguishes the architecture is switched on and sized to bite at T = 11: sliding windows of 4 (full and
+window layers mixed where the model mixes them), Llama 4's chunks of 4, Gemma 2's soft-cap, T5's relative
+bias (scaled up), gpt-oss' sinks (random), GPTBigCode's single key/value head, Granite's attention
+multiplier, ModernBERT's local (bidirectional) window.
+
+Used by tests/test_hf_archs.py. The eight models tests/tiny_models.py holds are the ones tests/test_hf.py
+checks in depth; this is the wide sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+VOCAB = 99
+WINDOW = 4
+
+# the common shrink, given to every config (a config ignores what it has no field for: stored, unread)
+SMALL = dict(
+    vocab_size=VOCAB, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+    max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, n_embd=32, n_layer=2,
+    n_head=4, n_positions=64, d_model=32, ffn_dim=40, tie_word_embeddings=False,
+)  # fmt: skip
+GQA = dict(num_key_value_heads=2, head_dim=8)
+SEQ2SEQ = dict(
+    encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+    encoder_ffn_dim=40, decoder_ffn_dim=40, decoder_start_token_id=2,
+)  # fmt: skip
+T5 = dict(d_kv=8, d_ff=40, num_layers=1, num_decoder_layers=1, num_heads=4, relative_attention_num_buckets=8)
+MOE = dict(num_local_experts=2, num_experts=2, num_experts_per_tok=2, moe_intermediate_size=16)
+MIXED = dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
+
+
+@dataclass(frozen=True)
+class Arch:
+    """``model_type`` for ``AutoConfig.for_model``; ``kind``: decoder, encoder, seq2seq or speech (Whisper);
+    ``config``: what differs from :data:`SMALL`; ``sdpa``: transformers has an sdpa path for it."""
+
+    model_type: str
+    kind: str = "decoder"
+    config: dict = field(default_factory=dict)
+    sdpa: bool = True
+
+
+ARCHS: dict[str, Arch] = {
+    # decoders
+    "llama": Arch("llama", config=GQA),
+    "mistral": Arch("mistral", config={**GQA, "sliding_window": WINDOW}),
+    "ministral": Arch("ministral", config={**GQA, **MIXED}),
+    "mixtral": Arch("mixtral", config={**GQA, **MOE, "sliding_window": WINDOW}),
+    "qwen2": Arch("qwen2", config={**GQA, **MIXED, "use_sliding_window": True, "max_window_layers": 1}),
+    "qwen3": Arch("qwen3", config={**GQA, **MIXED, "use_sliding_window": True, "max_window_layers": 1}),
+    "qwen3_moe": Arch("qwen3_moe", config={**GQA, **MOE, "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "gemma": Arch("gemma", config=GQA),
+    "gemma2": Arch(
+        "gemma2",
+        config={**GQA, **MIXED, "attn_logit_softcapping": 2.0, "query_pre_attn_scalar": 8},
+        sdpa=False,
+    ),
+    "gemma3_text": Arch("gemma3_text", config={**GQA, **MIXED, "query_pre_attn_scalar": 8}),
+    "cohere2": Arch("cohere2", config={**GQA, **MIXED}),
+    "phi": Arch("phi", config={"partial_rotary_factor": 0.5}),
+    "phi3": Arch("phi3", config={**GQA, "sliding_window": WINDOW}),
+    "gpt2": Arch("gpt2"),
+    "gpt_bigcode": Arch("gpt_bigcode", config={"multi_query": True}),  # one key/value head
+    "gpt_neox": Arch("gpt_neox", config={"rotary_pct": 0.5}),
+    "gptj": Arch("gptj", config={"rotary_dim": 4}),
+    "codegen": Arch("codegen", config={"rotary_dim": 4, "n_ctx": 64}),
+    "opt": Arch("opt", config={"word_embed_proj_dim": 32}),
+    "biogpt": Arch("biogpt"),
+    "starcoder2": Arch("starcoder2", config={**GQA, "sliding_window": WINDOW}),
+    "cohere": Arch("cohere", config=GQA),
+    "olmo2": Arch("olmo2", config=GQA),
+    "olmo3": Arch("olmo3", config={**GQA, **MIXED}),
+    "stablelm": Arch("stablelm", config={**GQA, "partial_rotary_factor": 0.5, "qk_layernorm": True}),
+    "persimmon": Arch("persimmon", config={"qk_layernorm": True, "partial_rotary_factor": 0.5}),
+    "granite": Arch("granite", config={**GQA, "attention_multiplier": 0.5}),  # scaling ≠ 1/√d
+    "nemotron": Arch("nemotron", config={**GQA, "partial_rotary_factor": 0.5}),
+    "exaone4": Arch("exaone4", config={**GQA, **MIXED}),
+    "smollm3": Arch(
+        "smollm3", config={**GQA, "no_rope_layers": [1, 0], "use_sliding_window": True, "sliding_window": 4}
+    ),
+    "llama4_text": Arch(
+        "llama4_text",
+        config={
+            **GQA,
+            **MOE,
+            "attention_chunk_size": WINDOW,
+            "no_rope_layers": [1, 0],
+            "layer_types": ["chunked_attention", "full_attention"],
+            "intermediate_size_mlp": 40,
+            "interleave_moe_layer_step": 2,
+            "attn_temperature_tuning": True,
+            "floor_scale": 4,
+        },
+    ),  # fmt: skip
+    "gpt_oss": Arch("gpt_oss", config={**GQA, **MOE, **MIXED}, sdpa=False),
+    # not routed through transformers' attention interface (they refuse the name; checked by the test)
+    "bloom": Arch("bloom"),
+    "falcon": Arch("falcon", config={"num_kv_heads": 2, "alibi": True, "new_decoder_architecture": False}),
+    "mpt": Arch("mpt", config={"d_model": 32, "n_heads": 4, "n_layers": 2, "expansion_ratio": 1}),
+    "xglm": Arch("xglm"),
+    # encoders
+    "bert": Arch("bert", kind="encoder"),
+    "roberta": Arch("roberta", kind="encoder", config={"pad_token_id": 1, "max_position_embeddings": 80}),
+    "xlm-roberta": Arch(
+        "xlm-roberta", kind="encoder", config={"pad_token_id": 1, "max_position_embeddings": 80}
+    ),
+    "distilbert": Arch(
+        "distilbert", kind="encoder", config={"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 40}
+    ),
+    "albert": Arch("albert", kind="encoder", config={"embedding_size": 16}),
+    "electra": Arch("electra", kind="encoder", config={"embedding_size": 16}),
+    "modernbert": Arch(
+        "modernbert", kind="encoder", config={"local_attention": 2 * WINDOW, "global_attn_every_n_layers": 2}
+    ),  # layer 0 global, layer 1 a local window of ±4
+    # encoder-decoders
+    "t5": Arch("t5", kind="seq2seq", config={**T5, "decoder_start_token_id": 0}),
+    "mt5": Arch("mt5", kind="seq2seq", config={**T5, "decoder_start_token_id": 0}),
+    "umt5": Arch("umt5", kind="seq2seq", config={**T5, "decoder_start_token_id": 0}),  # a bias per layer
+    "bart": Arch("bart", kind="seq2seq", config=SEQ2SEQ),
+    "mbart": Arch("mbart", kind="seq2seq", config=SEQ2SEQ),
+    "marian": Arch("marian", kind="seq2seq", config={**SEQ2SEQ, "decoder_vocab_size": VOCAB}),
+    "pegasus": Arch("pegasus", kind="seq2seq", config=SEQ2SEQ),
+    "m2m_100": Arch("m2m_100", kind="seq2seq", config=SEQ2SEQ),
+    "blenderbot": Arch("blenderbot", kind="seq2seq", config=SEQ2SEQ),
+    "whisper": Arch(
+        "whisper",
+        kind="speech",
+        config={
+            **SEQ2SEQ,
+            "num_mel_bins": 8,
+            "max_source_positions": 8,
+            "max_target_positions": 32,
+            "suppress_tokens": None,
+            "begin_suppress_tokens": None,
+        },
+    ),  # fmt: skip
+}
+NOT_ROUTED = ("bloom", "falcon", "mpt", "xglm")
+DECODERS = [n for n, a in ARCHS.items() if a.kind == "decoder" and n not in NOT_ROUTED]
+ENCODERS = [n for n, a in ARCHS.items() if a.kind == "encoder"]
+SEQ2SEQS = [n for n, a in ARCHS.items() if a.kind in ("seq2seq", "speech")]
+ROUTED = DECODERS + ENCODERS + SEQ2SEQS
+
+
+def config(name: str):
+    """The tiny config of ``name`` (no download)."""
+    from transformers import AutoConfig
+
+    arch = ARCHS[name]
+    kwargs = {**SMALL, **arch.config}
+    if arch.kind in ("seq2seq", "speech"):
+        kwargs["max_position_embeddings"] = 64
+    return AutoConfig.for_model(arch.model_type, **kwargs)
+
+
+def model_class(name: str):
+    import transformers as tf
+
+    kind = ARCHS[name].kind
+    if kind == "encoder":
+        return tf.AutoModelForMaskedLM
+    if kind == "speech":
+        return tf.WhisperForConditionalGeneration
+    return tf.AutoModelForSeq2SeqLM if kind == "seq2seq" else tf.AutoModelForCausalLM
+
+
+def build(name: str, seed: int = 0, impl: str = "eager") -> torch.nn.Module:
+    """The tiny model ``name`` with its LM head, eval mode, float32, random weights from ``seed``; the
+    features that start at 0 (gpt-oss' sinks) or small (T5's relative bias) made to matter."""
+    cfg = config(name)
+    torch.manual_seed(seed)
+    cls = model_class(name)
+    # experts as a loop of matmuls: torch's grouped matmul has no float64
+    model = cls(cfg) if ARCHS[name].kind == "speech" else cls.from_config(cfg, experts_implementation="eager")
+    model.eval()
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        for mod_name, module in model.named_modules():
+            if hasattr(module, "sinks") and isinstance(module.sinks, torch.nn.Parameter):
+                module.sinks.normal_(0.0, 1.0)
+            if mod_name.endswith("relative_attention_bias"):
+                module.weight.mul_(20.0)
+    return model
+
+
+def batch(name: str, side: str, t: int = 11, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Two sequences of ``t`` tokens, the first padded by 3 on ``side`` ("left", "right" or "none");
+    encoder-decoders get 6 decoder tokens (Whisper: 16 frames of 8 mel bins as the encoder's input)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (2, t), generator=g)
+    mask = torch.ones(2, t, dtype=torch.long)
+    if side == "left":
+        mask[0, :3] = 0
+    elif side == "right":
+        mask[0, -3:] = 0
+    pad = config_pad(name)
+    ids[mask == 0] = pad
+    kind = ARCHS[name].kind
+    if kind == "speech":
+        feats = torch.randn(2, 8, 16, generator=g)
+        return {
+            "input_features": feats,
+            "decoder_input_ids": ids[:, :6],
+            "decoder_attention_mask": mask[:, :6],
+        }
+    out = {"input_ids": ids, "attention_mask": mask}
+    if kind == "seq2seq":
+        out["decoder_input_ids"] = torch.randint(3, VOCAB, (2, 6), generator=g)
+    return out
+
+
+def config_pad(name: str) -> int:
+    return int(ARCHS[name].config.get("pad_token_id", SMALL["pad_token_id"]))
+
+
+def real(name: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Bool (B, T_out): the output positions that are defined (real tokens; every decoder position of an
+    encoder-decoder, whose queries are never padding here — Whisper's decoder: its real tokens)."""
+    kind = ARCHS[name].kind
+    if kind == "speech":
+        return inputs["decoder_attention_mask"].bool()
+    if kind == "seq2seq":
+        return torch.ones(inputs["decoder_input_ids"].shape, dtype=torch.bool)
+    return inputs["attention_mask"].bool()
