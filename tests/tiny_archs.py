@@ -33,6 +33,10 @@ SEQ2SEQ = dict(
 )  # fmt: skip
 T5 = dict(d_kv=8, d_ff=40, num_layers=1, num_decoder_layers=1, num_heads=4, relative_attention_num_buckets=8)
 MOE = dict(num_local_experts=2, num_experts=2, num_experts_per_tok=2, moe_intermediate_size=16)
+MLA = dict(
+    num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
+    n_routed_experts=2, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+)  # fmt: skip
 MIXED = dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
 
 
@@ -100,6 +104,37 @@ ARCHS: dict[str, Arch] = {
         },
     ),  # fmt: skip
     "gpt_oss": Arch("gpt_oss", config={**GQA, **MOE, **MIXED}, sdpa=False),
+    "deepseek_v3": Arch("deepseek_v3", config={**MOE, **MLA, "q_lora_rank": 16}),  # value dim 6 ≠ key dim 12
+    "deepseek_v2": Arch("deepseek_v2", config={**MOE, **MLA, "q_lora_rank": None}),
+    "olmoe": Arch("olmoe", config={**GQA, **MOE}),
+    "phimoe": Arch("phimoe", config={**GQA, **MOE, "sliding_window": WINDOW}),
+    "qwen2_moe": Arch(
+        "qwen2_moe",
+        config={
+            **GQA,
+            **MOE,
+            **MIXED,
+            "shared_expert_intermediate_size": 16,
+            "use_sliding_window": True,
+            "max_window_layers": 1,
+        },
+    ),  # fmt: skip
+    "granitemoe": Arch("granitemoe", config={**GQA, **MOE, "attention_multiplier": 0.5}),
+    "jetmoe": Arch(
+        "jetmoe", config={"num_key_value_heads": 2, "kv_channels": 8, **MOE, "num_experts_per_tok": 1}
+    ),
+    "glm4": Arch("glm4", config={**GQA, "partial_rotary_factor": 0.5}),
+    "helium": Arch("helium", config=GQA),
+    "seed_oss": Arch("seed_oss", config=GQA),
+    "bitnet": Arch("bitnet", config=GQA),
+    "vaultgemma": Arch(
+        "vaultgemma",
+        config={**GQA, **MIXED, "attn_logit_softcapping": 2.0, "query_pre_attn_scalar": 8},
+        sdpa=False,
+    ),
+    # Doge computes its own dynamic mask from the 4-D one (keeps the 6 strongest keys of 11)
+    "doge": Arch("doge", config={**GQA, "keep_window_size": 6}),
+    "lfm2": Arch("lfm2", config={**GQA, "layer_types": ["conv", "full_attention"]}),  # one attention layer
     # not routed through transformers' attention interface (they refuse the name; checked by the test)
     "bloom": Arch("bloom"),
     "falcon": Arch("falcon", config={"num_kv_heads": 2, "alibi": True, "new_decoder_architecture": False}),
@@ -120,6 +155,21 @@ ARCHS: dict[str, Arch] = {
         "modernbert", kind="encoder", config={"local_attention": 2 * WINDOW, "global_attn_every_n_layers": 2}
     ),  # layer 0 global, layer 1 a local window of ±4
     # encoder-decoders
+    "longt5": Arch(
+        "longt5", kind="seq2seq", config={**T5, "decoder_start_token_id": 0, "local_radius": 2}, sdpa=False
+    ),
+    "switch_transformers": Arch(
+        "switch_transformers",
+        kind="seq2seq",
+        config={
+            **T5,
+            "decoder_start_token_id": 0,
+            "num_experts": 2,
+            "num_sparse_encoder_layers": 1,
+            "num_sparse_decoder_layers": 1,
+        },
+        sdpa=False,
+    ),  # fmt: skip
     "t5": Arch("t5", kind="seq2seq", config={**T5, "decoder_start_token_id": 0}),
     "mt5": Arch("mt5", kind="seq2seq", config={**T5, "decoder_start_token_id": 0}),
     "umt5": Arch("umt5", kind="seq2seq", config={**T5, "decoder_start_token_id": 0}),  # a bias per layer

@@ -94,6 +94,49 @@ class LazyMask:
             f"LazyMask({'+'.join(self.kinds) or 'all keys'}, B={self.batch_size}, Tq={v.q_len}, Tk={v.k_len})"
         )
 
+    # A model whose own code computes with the 4-D mask before the attention call (Doge's dynamic mask:
+    # torch.where on it, a slice, a comparison) gets the dense mask it stands for at that point — exactly
+    # transformers' sdpa_mask — through torch functions, Tensor methods, indexing and operators alike.
+    # Never a silent wrong answer; only the lazy savings are lost for that model.
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return func(*densified(args), **densified(kwargs or {}))
+
+    def __getitem__(self, index):
+        return self.to_dense()[index]
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or not hasattr(torch.Tensor, name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.to_dense(), name)
+
+    __hash__ = object.__hash__
+
+
+def _dense_operator(name: str):
+    def op(self: LazyMask, *args):
+        return getattr(self.to_dense(), name)(*densified(args))
+
+    op.__name__ = name
+    return op
+
+
+for _op in (
+    "eq ne lt le gt ge add radd sub rsub mul rmul truediv rtruediv and rand or ror xor rxor invert neg"
+).split():
+    setattr(LazyMask, f"__{_op}__", _dense_operator(f"__{_op}__"))
+
+
+def densified(x: Any) -> Any:
+    """``x`` with every :class:`LazyMask` in it (also inside tuples, lists and dicts) as its dense mask."""
+    if isinstance(x, LazyMask):
+        return x.to_dense()
+    if isinstance(x, tuple | list):
+        return type(x)(densified(v) for v in x)
+    if isinstance(x, dict):
+        return {k: densified(v) for k, v in x.items()}
+    return x
+
 
 def _free(fn: Callable) -> dict[str, Any]:
     """The closure variables of a transformers predicate (its arguments: window, chunk size, tensors)."""
