@@ -101,9 +101,12 @@ def _references(name: str) -> list[str]:
     return ["eager", "sdpa"] if ARCHS[name].sdpa else ["eager"]
 
 
-def _assert_close_and_sensitive(model, inputs, name: str, tol: dict[str, float]) -> None:
+def _assert_close_and_sensitive(
+    model, inputs, name: str, tol: dict[str, float], control: bool = True
+) -> None:
     """Ours within ``tol[impl]`` × the logits' size of each reference on the defined positions, and the
-    control (mask ignored) more than 100 × the loosest tolerance away from eager."""
+    control (mask ignored) more than 100 × the loosest tolerance away from the first reference (not for
+    an unpadded encoder: its mask hides nothing)."""
     keep = real(name, inputs)
     with torch.no_grad():
         ours = _logits(model, inputs, hf.NAME)
@@ -113,18 +116,55 @@ def _assert_close_and_sensitive(model, inputs, name: str, tol: dict[str, float])
         for impl, theirs in refs.items():
             err = (ours - theirs)[keep].abs().max() / scale
             assert err <= tol[impl], (impl, float(err))
-        control = _logits(model, inputs, CONTROL)
-    assert (control - next(iter(refs.values())))[keep].abs().max() / scale > 100 * max(tol.values())
+        if control:
+            wrong = _logits(model, inputs, CONTROL)
+            assert (wrong - next(iter(refs.values())))[keep].abs().max() / scale > 100 * max(tol.values())
 
 
 # ------------------------------------------------------------------------------------------------ forward
 
 
-@pytest.mark.parametrize("side", ["left", "right"])
+@pytest.mark.parametrize("side", ["left", "right", "none"])
 @pytest.mark.parametrize("name", ROUTED)
 def test_float32_logits_match_eager_and_sdpa(name, side):
+    """Padded on either side, or no attention_mask at all (transformers' mask-less calls)."""
     model = _model(name)
-    _assert_close_and_sensitive(model, batch(name, side), name, dict.fromkeys(_references(name), 2e-6))
+    tol = dict.fromkeys(_references(name), 2e-6)
+    control = side != "none" or ARCHS[name].kind != "encoder"
+    _assert_close_and_sensitive(model, batch(name, side), name, tol, control)
+
+
+def _query_rows(inputs, field: str) -> torch.Tensor | None:
+    """Bool (B, Tq) of the real queries of an attention field (None: all); padding queries' rows differ by
+    convention (eager: uniform weights over hidden keys, ours: zeros)."""
+    key = "attention_mask" if field in ("attentions", "encoder_attentions") else "decoder_attention_mask"
+    mask = inputs.get(key)
+    return None if mask is None else mask.bool()
+
+
+@pytest.mark.parametrize("name", ROUTED)
+def test_output_attentions_equal_eager_weights(name):
+    """The weights (the materialising route) of every layer and kind (self, cross), left padding."""
+    model, inputs = _model(name), batch(name, "left")
+    outs = {}
+    with torch.no_grad():
+        for impl in (hf.NAME, "eager"):
+            model.set_attn_implementation(impl)
+            outs[impl] = model(**inputs, output_attentions=True)
+    fields = [f for f in outs["eager"].keys() if f.endswith("attentions") and outs["eager"][f]]
+    assert fields
+    for field in fields:
+        ours, theirs = outs[hf.NAME][field], outs["eager"][field]
+        assert len(ours) == len(theirs)
+        rows = _query_rows(inputs, field)
+        for a, b in zip(ours, theirs, strict=True):
+            if b is None:  # a layer without attention (LFM2's convolutions)
+                assert a is None
+                continue
+            assert a.shape == b.shape and a.dtype == b.dtype
+            # (LongT5's local attention: blocked (B, H, blocks, block, 3 · block) weights, compared whole)
+            keep = slice(None) if rows is None or b.dim() != 4 else rows[:, None, :, None].expand_as(b)
+            assert (a - b)[keep].abs().max() <= 2e-6, field
 
 
 @pytest.mark.parametrize("route", ["default", "planned"])
@@ -191,11 +231,19 @@ def test_float64_gradients_match_the_reference(name, planned):
 # ------------------------------------------------------------------------------------------------ generation
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
-@pytest.mark.parametrize("name", DECODERS + [n for n in SEQ2SEQS if ARCHS[n].kind == "seq2seq"])
-def test_greedy_generation_matches_eager(name, cache):
-    """Left-padded prompts (encoder-decoders: a right-padded source), 6 new tokens, float32: the tokens are
-    eager's and every step's logits within 2e-5 of eager's."""
+GENERATE = [n for n in DECODERS + SEQ2SEQS if ARCHS[n].kind != "speech"]
+
+
+@pytest.mark.parametrize("case", ["dynamic", "static-padded-planned", "static-unpadded"])
+@pytest.mark.parametrize("name", GENERATE)
+def test_greedy_generation_matches_eager(name, case, request):
+    """Left-padded prompts (encoder-decoders: a right-padded source) or no mask at all (the static cache's
+    mask-less prefill: keys padded to the cache length), 5 new tokens, float32, the dynamic or static
+    cache, the default route or the block plans (8 × 8 tiles, at every decode step's offset): the tokens
+    are eager's and every step's logits within 2e-5 of eager's."""
+    cache = case.split("-")[0]
+    if case.endswith("planned"):
+        request.getfixturevalue("planned")
     model = _model(name)
     g = torch.Generator().manual_seed(3)
     ids = torch.randint(3, tiny_archs.VOCAB, (2, 7), generator=g)
@@ -205,13 +253,14 @@ def test_greedy_generation_matches_eager(name, cache):
     else:
         mask[0, -2:] = 0
     ids[mask == 0] = tiny_archs.config_pad(name)
+    masks = {} if case.endswith("unpadded") else {"attention_mask": mask}
     runs = {}
     for impl in ("eager", hf.NAME):
         model.set_attn_implementation(impl)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             runs[impl] = model.generate(
-                input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                input_ids=ids, **masks, max_new_tokens=5, min_new_tokens=5, do_sample=False,
                 cache_implementation=cache, output_scores=True, return_dict_in_generate=True,
                 pad_token_id=tiny_archs.config_pad(name), eos_token_id=None,
             )  # fmt: skip

@@ -241,8 +241,9 @@ def build(name: str, seed: int = 0, impl: str = "eager") -> torch.nn.Module:
 
 
 def batch(name: str, side: str, t: int = 11, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Two sequences of ``t`` tokens, the first padded by 3 on ``side`` ("left", "right" or "none");
-    encoder-decoders get 6 decoder tokens (Whisper: 16 frames of 8 mel bins as the encoder's input)."""
+    """Two sequences of ``t`` tokens, the first padded by 3 on ``side`` ("left", "right"; "none": no
+    ``attention_mask`` at all); encoder-decoders get 6 decoder tokens (Whisper: 16 frames of 8 mel bins as
+    the encoder's input)."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, VOCAB, (2, t), generator=g)
     mask = torch.ones(2, t, dtype=torch.long)
@@ -255,12 +256,13 @@ def batch(name: str, side: str, t: int = 11, seed: int = 1) -> dict[str, torch.T
     kind = ARCHS[name].kind
     if kind == "speech":
         feats = torch.randn(2, 8, 16, generator=g)
-        return {
+        out = {
             "input_features": feats,
             "decoder_input_ids": ids[:, :6],
             "decoder_attention_mask": mask[:, :6],
         }
-    out = {"input_ids": ids, "attention_mask": mask}
+        return out if side != "none" else {k: v for k, v in out.items() if k != "decoder_attention_mask"}
+    out = {"input_ids": ids, "attention_mask": mask} if side != "none" else {"input_ids": ids}
     if kind == "seq2seq":
         out["decoder_input_ids"] = torch.randint(3, VOCAB, (2, 6), generator=g)
     return out
@@ -274,8 +276,8 @@ def real(name: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """Bool (B, T_out): the output positions that are defined (real tokens; every decoder position of an
     encoder-decoder, whose queries are never padding here — Whisper's decoder: its real tokens)."""
     kind = ARCHS[name].kind
-    if kind == "speech":
-        return inputs["decoder_attention_mask"].bool()
-    if kind == "seq2seq":
-        return torch.ones(inputs["decoder_input_ids"].shape, dtype=torch.bool)
-    return inputs["attention_mask"].bool()
+    ids = inputs["decoder_input_ids"] if kind in ("seq2seq", "speech") else inputs.get("input_ids")
+    mask = inputs.get("decoder_attention_mask" if kind == "speech" else "attention_mask")
+    if kind == "seq2seq" or mask is None:
+        return torch.ones((ids if ids is not None else inputs["inputs_embeds"]).shape[:2], dtype=torch.bool)
+    return mask.bool()
