@@ -186,6 +186,42 @@ def test_float64_logits_match_sdpa_exactly(name, route, request):
         model.float()
 
 
+@pytest.mark.parametrize("name", DECODERS)
+def test_prefill_in_two_chunks_matches_eager(name):
+    """A left-padded batch prefilled as 6 tokens, then 5 more after the cached 6 (Tq = 5 at an offset: the
+    windows, chunks and padding shifted by the cache), float32: the second chunk's logits are eager's."""
+    model, inputs = _model(name), batch(name, "left")
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    outs = {}
+    with torch.no_grad():
+        for impl in ("eager", hf.NAME, CONTROL):
+            model.set_attn_implementation(impl)
+            first = model(input_ids=ids[:, :6], attention_mask=mask[:, :6], use_cache=True)
+            outs[impl] = model(
+                input_ids=ids[:, 6:], attention_mask=mask, past_key_values=first.past_key_values
+            ).logits
+    scale = outs["eager"].abs().max()
+    assert (outs[hf.NAME] - outs["eager"]).abs().max() <= 2e-6 * scale
+    assert (outs[CONTROL] - outs["eager"]).abs().max() > 2e-4 * scale
+
+
+@pytest.mark.parametrize("name", DECODERS)
+def test_packed_sequences_match_eager(name):
+    """Two sequences packed in one row (position ids restart at 0, no mask, no cache): transformers'
+    packed-sequence recipe, as documents on the engine."""
+    model = _model(name)
+    ids = torch.randint(3, tiny_archs.VOCAB, (1, 11), generator=torch.Generator().manual_seed(2))
+    pos = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5]])
+    outs = {}
+    with torch.no_grad():
+        for impl in ("eager", hf.NAME, CONTROL):
+            model.set_attn_implementation(impl)
+            outs[impl] = model(input_ids=ids, position_ids=pos, use_cache=False).logits
+    scale = outs["eager"].abs().max()
+    assert (outs[hf.NAME] - outs["eager"]).abs().max() <= 2e-6 * scale
+    assert (outs[CONTROL] - outs["eager"]).abs().max() > 2e-4 * scale
+
+
 # ------------------------------------------------------------------------------------------------ gradients
 
 

@@ -241,21 +241,22 @@ def build(name: str, seed: int = 0, impl: str = "eager") -> torch.nn.Module:
 
 
 def batch(name: str, side: str, t: int = 11, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Two sequences of ``t`` tokens, the first padded by 3 on ``side`` ("left", "right"; "none": no
-    ``attention_mask`` at all); encoder-decoders get 6 decoder tokens (Whisper: 16 frames of 8 mel bins as
-    the encoder's input)."""
+    """Three sequences of ``t`` tokens, the first padded by 3 and the second by 1 on ``side`` ("left",
+    "right"; "none": no ``attention_mask`` at all); encoder-decoders get 6 decoder tokens (Whisper: 16
+    frames of 8 mel bins as the encoder's input)."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (2, t), generator=g)
-    mask = torch.ones(2, t, dtype=torch.long)
-    if side == "left":
-        mask[0, :3] = 0
-    elif side == "right":
-        mask[0, -3:] = 0
+    ids = torch.randint(3, VOCAB, (3, t), generator=g)
+    mask = torch.ones(3, t, dtype=torch.long)
+    for row, n in enumerate((3, 1)):
+        if side == "left":
+            mask[row, :n] = 0
+        elif side == "right":
+            mask[row, -n:] = 0
     pad = config_pad(name)
     ids[mask == 0] = pad
     kind = ARCHS[name].kind
     if kind == "speech":
-        feats = torch.randn(2, 8, 16, generator=g)
+        feats = torch.randn(3, 8, 16, generator=g)
         out = {
             "input_features": feats,
             "decoder_input_ids": ids[:, :6],
@@ -264,7 +265,7 @@ def batch(name: str, side: str, t: int = 11, seed: int = 1) -> dict[str, torch.T
         return out if side != "none" else {k: v for k, v in out.items() if k != "decoder_attention_mask"}
     out = {"input_ids": ids, "attention_mask": mask} if side != "none" else {"input_ids": ids}
     if kind == "seq2seq":
-        out["decoder_input_ids"] = torch.randint(3, VOCAB, (2, 6), generator=g)
+        out["decoder_input_ids"] = torch.randint(3, VOCAB, (3, 6), generator=g)
     return out
 
 
