@@ -90,7 +90,8 @@ def planned(monkeypatch):
 
 def _logits(model, inputs, impl: str) -> torch.Tensor:
     model.set_attn_implementation(impl)
-    return model(**inputs).logits
+    out = model(**inputs)
+    return out.logits if "logits" in out else out.last_hidden_state
 
 
 def _cast(inputs: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
@@ -105,8 +106,8 @@ def _assert_close_and_sensitive(
     model, inputs, name: str, tol: dict[str, float], control: bool = True
 ) -> None:
     """Ours within ``tol[impl]`` × the logits' size of each reference on the defined positions, and the
-    control (mask ignored) more than 100 × the loosest tolerance away from the first reference (not for
-    an unpadded encoder: its mask hides nothing)."""
+    control (mask ignored) more than 100 × the loosest tolerance away from sdpa, else eager (not for an
+    unpadded encoder: its mask hides nothing)."""
     keep = real(name, inputs)
     with torch.no_grad():
         ours = _logits(model, inputs, hf.NAME)
@@ -114,11 +115,18 @@ def _assert_close_and_sensitive(
         assert torch.isfinite(ours[keep]).all() and scale > 1e-2
         refs = {impl: _logits(model, inputs, impl) for impl in tol}
         for impl, theirs in refs.items():
+            if impl == "eager" and "sdpa" in refs and not torch.isfinite(theirs[keep]).all():
+                # eager's float32 softmax of a float64 row that sees no key: NaN, which spreads to every
+                # position in the next layer (0 · NaN); sdpa checks this case
+                assert theirs.dtype == torch.float64
+                continue
             err = (ours - theirs)[keep].abs().max() / scale
             assert err <= tol[impl], (impl, float(err))
         if control:
             wrong = _logits(model, inputs, CONTROL)
-            assert (wrong - next(iter(refs.values())))[keep].abs().max() / scale > 100 * max(tol.values())
+            assert (wrong - refs.get("sdpa", refs.get("eager")))[keep].abs().max() / scale > 100 * max(
+                tol.values()
+            )
 
 
 # ------------------------------------------------------------------------------------------------ forward
@@ -230,25 +238,29 @@ def _grads(model, inputs, name: str, impl: str) -> dict[str, torch.Tensor]:
     model.set_attn_implementation(impl)
     model.zero_grad()
     inputs = dict(inputs)
-    if "input_features" in inputs:
+    if not ARCHS[name].embeds:
+        leaf = None
+    elif "input_features" in inputs:
         leaf = inputs["input_features"].clone().requires_grad_(True)
         inputs["input_features"] = leaf
     else:
         leaf = model.get_input_embeddings()(inputs.pop("input_ids")).detach().requires_grad_(True)
         inputs["inputs_embeds"] = leaf
-    logits = model(**inputs).logits
+    out = model(**inputs)
+    logits = out.logits if "logits" in out else out.last_hidden_state
     weight = torch.linspace(-1, 1, logits.shape[-1], dtype=logits.dtype)
     (logits[real(name, inputs)] * weight).sum().backward()
     out = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    out["<inputs>"] = leaf.grad.clone()
+    if leaf is not None:
+        out["<inputs>"] = leaf.grad.clone()
     model.zero_grad()
     return out
 
 
 @pytest.mark.parametrize("name", ROUTED)
 def test_float64_gradients_match_the_reference(name, planned):
-    """Every parameter's gradient and the inputs' (embeddings; Whisper: features), on 8 × 8 tiles, against
-    sdpa in float64 (Gemma 2, gpt-oss: eager, right padding)."""
+    """Every parameter's gradient and the inputs' (embeddings; Whisper: features; Gemma 4 needs its token
+    ids: parameters only), on 8 × 8 tiles, against sdpa in float64 (no sdpa: eager, right padding)."""
     model = _model(name).double()
     ref = "sdpa" if ARCHS[name].sdpa else "eager"
     inputs = _cast(batch(name, "left" if ref == "sdpa" else "right"), torch.float64)
@@ -261,7 +273,7 @@ def test_float64_gradients_match_the_reference(name, planned):
     for n in ours:
         size = theirs[n].abs().max().clamp_min(1e-6)
         assert (ours[n] - theirs[n]).abs().max() <= tol * size, n
-    assert theirs["<inputs>"].abs().max() > 1e-4
+    assert max(g.abs().max() for g in theirs.values()) > 1e-4
 
 
 # ------------------------------------------------------------------------------------------------ generation

@@ -37,18 +37,23 @@ MLA = dict(
     num_key_value_heads=4, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=6,
     n_routed_experts=2, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
 )  # fmt: skip
+GEMMA4 = dict(hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB, global_head_dim=16)
 MIXED = dict(sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"])
 
 
 @dataclass(frozen=True)
 class Arch:
     """``model_type`` for ``AutoConfig.for_model``; ``kind``: decoder, encoder, seq2seq or speech (Whisper);
-    ``config``: what differs from :data:`SMALL`; ``sdpa``: transformers has an sdpa path for it."""
+    ``config``: what differs from :data:`SMALL`; ``sdpa``: transformers has an sdpa path for it;
+    ``auto``: the ``transformers`` Auto class, where the kind's default (causal LM, masked LM, seq2seq LM)
+    does not fit (a bidirectional decoder's base model); ``embeds``: it runs from ``inputs_embeds``."""
 
     model_type: str
     kind: str = "decoder"
     config: dict = field(default_factory=dict)
     sdpa: bool = True
+    auto: str | None = None
+    embeds: bool = True
 
 
 ARCHS: dict[str, Arch] = {
@@ -140,7 +145,46 @@ ARCHS: dict[str, Arch] = {
     "falcon": Arch("falcon", config={"num_kv_heads": 2, "alibi": True, "new_decoder_architecture": False}),
     "mpt": Arch("mpt", config={"d_model": 32, "n_heads": 4, "n_layers": 2, "expansion_ratio": 1}),
     "xglm": Arch("xglm"),
+    "modernbert-decoder": Arch(
+        "modernbert-decoder", config={"local_attention": 2 * WINDOW, "global_attn_every_n_layers": 2}
+    ),
+    "gemma4_text": Arch(
+        "gemma4_text", config={**GQA, **MIXED, **GEMMA4}, embeds=False
+    ),  # the full layers' heads: 16 wide
+    "gemma4_shared_kv": Arch(
+        "gemma4_text",
+        config={
+            **GQA,
+            **GEMMA4,
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "full_attention"],
+            "sliding_window": WINDOW,
+            "num_kv_shared_layers": 1,
+            "attention_k_eq_v": True,
+        },
+        embeds=False,
+    ),  # the last layer reuses an earlier layer's keys and values; keys are the values  # fmt: skip
     # encoders
+    "gemma3_bidirectional": Arch(
+        "gemma3_text",
+        kind="encoder",
+        auto="AutoModel",
+        config={**GQA, **MIXED, "query_pre_attn_scalar": 8, "use_bidirectional_attention": True},
+    ),  # EmbeddingGemma: a bidirectional window  # fmt: skip
+    "gemma4_bidirectional": Arch(
+        "gemma4_text",
+        kind="encoder",
+        auto="AutoModel",
+        config={**GQA, **MIXED, **GEMMA4, "use_bidirectional_attention": "all"},
+        embeds=False,
+    ),  # fmt: skip
+    "embedding_gemma2_text": Arch(
+        "embedding_gemma2_text",
+        kind="encoder",
+        auto="AutoModel",
+        config={**GQA, **MIXED, **GEMMA4},
+        embeds=False,
+    ),
     "bert": Arch("bert", kind="encoder"),
     "roberta": Arch("roberta", kind="encoder", config={"pad_token_id": 1, "max_position_embeddings": 80}),
     "xlm-roberta": Arch(
@@ -214,6 +258,8 @@ def model_class(name: str):
     import transformers as tf
 
     kind = ARCHS[name].kind
+    if ARCHS[name].auto is not None:
+        return getattr(tf, ARCHS[name].auto)
     if kind == "encoder":
         return tf.AutoModelForMaskedLM
     if kind == "speech":
