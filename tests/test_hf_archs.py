@@ -230,6 +230,28 @@ def test_packed_sequences_match_eager(name):
     assert (outs[CONTROL] - outs["eager"]).abs().max() > 2e-4 * scale
 
 
+RECORDED = ["mistral", "gemma2", "gpt_oss", "llama4_text", "modernbert", "doge", "gpt_bigcode", "deepseek_v3"]
+
+
+@pytest.mark.parametrize("name", RECORDED + ["gemma3_bidirectional", "granite"])
+def test_recorded_calls_give_eager_weights(name):
+    """``recording()``: each recorded call (in layer order) gives, through ``AttentionCall.weights``, the
+    weights eager returns for that layer; the run itself keeps ours' logits."""
+    model, inputs = _model(name), batch(name, "left")
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        eager = model(**inputs, output_attentions=True).attentions
+        with hf.recording() as calls:
+            _logits(model, inputs, hf.NAME)
+    theirs = [w for w in eager if w is not None]
+    assert len(calls) == len(theirs) > 0
+    rows = inputs["attention_mask"].bool()[:, None, :, None]
+    for call, b in zip(calls, theirs, strict=True):
+        a = call.weights()
+        assert a.shape == b.shape
+        assert (a - b)[rows.expand_as(b)].abs().max() <= 2e-6
+
+
 # ------------------------------------------------------------------------------------------------ gradients
 
 
