@@ -252,6 +252,25 @@ def test_recorded_calls_give_eager_weights(name):
         assert (a - b)[rows.expand_as(b)].abs().max() <= 2e-6
 
 
+LONG = ["mistral", "gemma2", "gpt_oss", "llama4_text", "qwen2", "deepseek_v3", "doge"]
+LONG += ["bert", "modernbert", "gemma3_bidirectional", "t5"]
+
+
+@pytest.mark.parametrize("name", LONG)
+def test_long_padded_batch_on_the_default_block_plans(name):
+    """T = 530 (Tq · Tk past the one-call limit ``SMALL``: the engine's own plans with its default tiles,
+    stacked window bands, a last tile cut short), rows left-padded by 300, 1 and 0, float32, against
+    eager."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = build(name, max_position_embeddings=1024)
+    inputs = batch(name, "left", t=530)
+    inputs["attention_mask"][0, :300] = 0  # enough hidden keys for the control to show
+    inputs["input_ids"][0, :300] = tiny_archs.config_pad(name)
+    assert inputs["input_ids"].shape[1] ** 2 > hf_masks.SMALL
+    _assert_close_and_sensitive(model, inputs, name, {"eager": 2e-6})
+
+
 # ------------------------------------------------------------------------------------------------ gradients
 
 

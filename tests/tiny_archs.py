@@ -243,14 +243,12 @@ SEQ2SEQS = [n for n, a in ARCHS.items() if a.kind in ("seq2seq", "speech")]
 ROUTED = DECODERS + ENCODERS + SEQ2SEQS
 
 
-def config(name: str):
-    """The tiny config of ``name`` (no download)."""
+def config(name: str, **extra):
+    """The tiny config of ``name`` (no download), with ``extra`` fields on top."""
     from transformers import AutoConfig
 
     arch = ARCHS[name]
-    kwargs = {**SMALL, **arch.config}
-    if arch.kind in ("seq2seq", "speech"):
-        kwargs["max_position_embeddings"] = 64
+    kwargs = {**SMALL, **arch.config, **extra}
     return AutoConfig.for_model(arch.model_type, **kwargs)
 
 
@@ -267,10 +265,11 @@ def model_class(name: str):
     return tf.AutoModelForSeq2SeqLM if kind == "seq2seq" else tf.AutoModelForCausalLM
 
 
-def build(name: str, seed: int = 0, impl: str = "eager") -> torch.nn.Module:
+def build(name: str, seed: int = 0, impl: str = "eager", **extra) -> torch.nn.Module:
     """The tiny model ``name`` with its LM head, eval mode, float32, random weights from ``seed``; the
-    features that start at 0 (gpt-oss' sinks) or small (T5's relative bias) made to matter."""
-    cfg = config(name)
+    features that start at 0 (gpt-oss' sinks) or small (T5's relative bias) made to matter. ``extra``:
+    config fields on top of the architecture's."""
+    cfg = config(name, **extra)
     torch.manual_seed(seed)
     cls = model_class(name)
     # experts as a loop of matmuls: torch's grouped matmul has no float64
