@@ -361,6 +361,21 @@ def test_greedy_generation_matches_eager(name, case, request):
         assert (step_ours - step_theirs)[finite].abs().max() <= 2e-5 * step_theirs[finite].abs().max()
 
 
+def test_whisper_generation_matches_eager():
+    """Whisper's own ``generate`` (speech features in, its decoder with self- and cross-attention caches):
+    eager's tokens."""
+    model, inputs = _model("whisper"), batch("whisper", "none")
+    tokens = {}
+    for impl in ("eager", hf.NAME):
+        model.set_attn_implementation(impl)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tokens[impl] = model.generate(
+                input_features=inputs["input_features"], max_new_tokens=5, min_new_tokens=5, do_sample=False
+            )
+    assert tokens["eager"].shape[-1] >= 5 and torch.equal(tokens[hf.NAME], tokens["eager"])
+
+
 # ------------------------------------------------------------------------------------------------ not routed
 
 
