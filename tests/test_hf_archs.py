@@ -298,10 +298,14 @@ def _grads(model, inputs, name: str, impl: str) -> dict[str, torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("route", ["default", "planned"])
 @pytest.mark.parametrize("name", ROUTED)
-def test_float64_gradients_match_the_reference(name, planned):
+def test_float64_gradients_match_the_reference(name, route, request):
     """Every parameter's gradient and the inputs' (embeddings; Whisper: features; Gemma 4 needs its token
-    ids: parameters only), on 8 × 8 tiles, against sdpa in float64 (no sdpa: eager, right padding)."""
+    ids: parameters only), on the default route and on 8 × 8 tiles, against sdpa in float64 (no sdpa:
+    eager, right padding)."""
+    if route == "planned":
+        request.getfixturevalue("planned")
     model = _model(name).double()
     ref = "sdpa" if ARCHS[name].sdpa else "eager"
     inputs = _cast(batch(name, "left" if ref == "sdpa" else "right"), torch.float64)
