@@ -30,7 +30,17 @@ pytest.importorskip("transformers")
 
 from selfattention import hf, hf_masks  # noqa: E402
 from tests import tiny_archs  # noqa: E402
-from tests.tiny_archs import ARCHS, DECODERS, NOT_ROUTED, ROUTED, SEQ2SEQS, batch, build, real  # noqa: E402
+from tests.tiny_archs import (  # noqa: E402
+    ARCHS,
+    BROKEN,
+    DECODERS,
+    NOT_ROUTED,
+    ROUTED,
+    SEQ2SEQS,
+    batch,
+    build,
+    real,
+)
 
 CONTROL = "selfattention-control"
 
@@ -310,7 +320,13 @@ def test_float64_gradients_match_the_reference(name, route, request):
     ref = "sdpa" if ARCHS[name].sdpa else "eager"
     inputs = _cast(batch(name, "left" if ref == "sdpa" else "right"), torch.float64)
     try:
-        ours, theirs = (_grads(model, inputs, name, impl) for impl in (hf.NAME, ref))
+        theirs = _grads(model, inputs, name, ref)
+        if not all(torch.isfinite(g).all() for g in theirs.values()):
+            # Gemma 3n: transformers' own gradients (sdpa and eager alike) are NaN with any padding (its
+            # per-layer code on the padded rows); compared on the unpadded batch instead
+            inputs = _cast(batch(name, "none"), torch.float64)
+            theirs = _grads(model, inputs, name, ref)
+        ours = _grads(model, inputs, name, hf.NAME)
     finally:
         model.float()
     assert ours.keys() == theirs.keys()
@@ -396,3 +412,22 @@ def test_architectures_outside_the_attention_interface_never_reach_our_backend(n
         with hf.recording() as calls:
             after = _logits(model, inputs, hf.NAME)
     assert calls == [] and torch.equal(before, after)
+
+
+@pytest.mark.parametrize("name", BROKEN)
+def test_architectures_transformers_cannot_build_offline(name):
+    """Skipped with transformers' own error while its eager model cannot be built or run from a tiny
+    config (not our module: nothing of ours has run yet); checked like the others once it can."""
+    import transformers
+
+    try:
+        model = _model(name)
+        inputs = batch(name, "left")
+        with torch.no_grad():
+            _logits(model, inputs, "eager")
+    except Exception as e:  # transformers' own failure, before our backend is involved
+        pytest.skip(
+            f"transformers {transformers.__version__} fails on its own eager {name}: {type(e).__name__}: {e}"
+        )
+    tol = dict.fromkeys(_references(name), 2e-6)
+    _assert_close_and_sensitive(model, inputs, name, tol)

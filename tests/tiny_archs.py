@@ -145,6 +145,38 @@ ARCHS: dict[str, Arch] = {
     "falcon": Arch("falcon", config={"num_kv_heads": 2, "alibi": True, "new_decoder_architecture": False}),
     "mpt": Arch("mpt", config={"d_model": 32, "n_heads": 4, "n_layers": 2, "expansion_ratio": 1}),
     "xglm": Arch("xglm"),
+    "gpt_neo": Arch("gpt_neo", config={"attention_types": [[["global", "local"], 1]], "window_size": WINDOW}),
+    # transformers itself fails to build it offline (checked, and skipped with its error, by the test)
+    "dbrx": Arch(
+        "dbrx",
+        config={
+            "d_model": 32,
+            "n_heads": 4,
+            "n_layers": 2,
+            "max_seq_len": 64,
+            "attn_config": {"kv_n_heads": 2},
+            "ffn_config": {"ffn_hidden_size": 16, "moe_num_experts": 2, "moe_top_k": 1},
+        },
+    ),  # fmt: skip
+    "gemma3n_text": Arch(
+        "gemma3n_text",
+        config={
+            **GQA,
+            **MIXED,
+            "hidden_size_per_layer_input": 8,
+            "vocab_size_per_layer_input": VOCAB,
+            "num_kv_shared_layers": 0,
+            "laurel_rank": 4,
+            "altup_num_inputs": 2,
+            "activation_sparsity_pattern": [0.0, 0.0],
+        },
+        embeds=False,
+    ),  # fmt: skip
+    "dots1": Arch(
+        "dots1",
+        config={**GQA, **MOE, "n_routed_experts": 2, "n_shared_experts": 1, "first_k_dense_replace": 1},
+    ),
+    "minicpm3": Arch("minicpm3", config={**MLA, "num_key_value_heads": 4, "q_lora_rank": 16}),
     "modernbert-decoder": Arch(
         "modernbert-decoder", config={"local_attention": 2 * WINDOW, "global_attn_every_n_layers": 2}
     ),
@@ -218,6 +250,8 @@ ARCHS: dict[str, Arch] = {
     "mt5": Arch("mt5", kind="seq2seq", config={**T5, "decoder_start_token_id": 0}),
     "umt5": Arch("umt5", kind="seq2seq", config={**T5, "decoder_start_token_id": 0}),  # a bias per layer
     "bart": Arch("bart", kind="seq2seq", config=SEQ2SEQ),
+    "blenderbot-small": Arch("blenderbot-small", kind="seq2seq", config=SEQ2SEQ),
+    "plbart": Arch("plbart", kind="seq2seq", config=SEQ2SEQ),
     "mbart": Arch("mbart", kind="seq2seq", config=SEQ2SEQ),
     "marian": Arch("marian", kind="seq2seq", config={**SEQ2SEQ, "decoder_vocab_size": VOCAB}),
     "pegasus": Arch("pegasus", kind="seq2seq", config=SEQ2SEQ),
@@ -236,8 +270,9 @@ ARCHS: dict[str, Arch] = {
         },
     ),  # fmt: skip
 }
-NOT_ROUTED = ("bloom", "falcon", "mpt", "xglm")
-DECODERS = [n for n, a in ARCHS.items() if a.kind == "decoder" and n not in NOT_ROUTED]
+NOT_ROUTED = ("bloom", "falcon", "mpt", "xglm", "gpt_neo")
+BROKEN = ("dbrx",)  # transformers 5.24: DbrxAttentionConfig has no rope_theta (its own model cannot build)
+DECODERS = [n for n, a in ARCHS.items() if a.kind == "decoder" and n not in NOT_ROUTED + BROKEN]
 ENCODERS = [n for n, a in ARCHS.items() if a.kind == "encoder"]
 SEQ2SEQS = [n for n, a in ARCHS.items() if a.kind in ("seq2seq", "speech")]
 ROUTED = DECODERS + ENCODERS + SEQ2SEQS
