@@ -362,3 +362,42 @@ def real(name: str, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     if kind == "seq2seq" or mask is None:
         return torch.ones((ids if ids is not None else inputs["inputs_embeds"]).shape[:2], dtype=torch.bool)
     return mask.bool()
+
+
+IMAGE_TOKEN = 110
+
+
+def build_gemma3_vision(seed: int = 0) -> torch.nn.Module:
+    """Gemma 3 with a vision tower (SigLIP, 1 layer, 16 × 16 images in 4 × 4 patches, 4 tokens per image)
+    over the ``gemma3_text`` model above: image tokens attend to each other both ways (an or-mask of the
+    causal recipe, a generic predicate for the engine), the vision tower bidirectionally."""
+    import transformers as tf
+
+    text = config("gemma3_text", vocab_size=120).to_dict()
+    vision = dict(
+        hidden_size=32, intermediate_size=40, num_hidden_layers=1, num_attention_heads=4, image_size=16,
+        patch_size=4,
+    )  # fmt: skip
+    cfg = tf.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=IMAGE_TOKEN,
+        boi_token_index=IMAGE_TOKEN + 1, eoi_token_index=IMAGE_TOKEN + 2,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return tf.Gemma3ForConditionalGeneration(cfg).eval()
+
+
+def gemma3_vision_batch(seed: int = 1) -> dict[str, torch.Tensor]:
+    """Three prompts of 14 tokens with one image each (begin, 4 image tokens, end at 3 … 8), rows
+    left-padded by 2, 1, 0; random pixels."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (3, 14), generator=g)
+    ids[:, 3], ids[:, 4:8], ids[:, 8] = IMAGE_TOKEN + 1, IMAGE_TOKEN, IMAGE_TOKEN + 2
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0
+    mask[1, :1] = 0
+    ids[mask == 0] = 0
+    pixels = torch.randn(3, 3, 16, 16, generator=g)
+    return {
+        "input_ids": ids, "attention_mask": mask, "pixel_values": pixels,
+        "token_type_ids": (ids == IMAGE_TOKEN).long(),
+    }  # fmt: skip
