@@ -50,6 +50,7 @@ def _control(module, query, key, value, attention_mask, **kwargs):
     would return. Used only to show that each comparison below can fail."""
     kwargs.pop("is_causal", None)
     kwargs.pop("sliding_window", None)
+    kwargs.pop("indices", None)  # DeepSeek sparse attention's selected keys: a mask too
     return hf.attention_forward(module, query, key, value, None, is_causal=False, **kwargs)
 
 

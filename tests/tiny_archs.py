@@ -110,6 +110,19 @@ ARCHS: dict[str, Arch] = {
     ),  # fmt: skip
     "gpt_oss": Arch("gpt_oss", config={**GQA, **MOE, **MIXED}, sdpa=False),
     "deepseek_v3": Arch("deepseek_v3", config={**MOE, **MLA, "q_lora_rank": 16}),  # value dim 6 ≠ key dim 12
+    "deepseek_v32": Arch(
+        "deepseek_v32",
+        config={
+            **MOE,
+            **MLA,
+            "q_lora_rank": 16,
+            "index_topk": 5,
+            "index_head_dim": 8,
+            "index_n_heads": 2,
+            "head_dim": 4,
+            "mlp_layer_types": ["dense", "dense"],
+        },
+    ),  # DeepSeek sparse attention: each query sees only the 5 keys its indexer picks  # fmt: skip
     "deepseek_v2": Arch("deepseek_v2", config={**MOE, **MLA, "q_lora_rank": None}),
     "olmoe": Arch("olmoe", config={**GQA, **MOE}),
     "phimoe": Arch("phimoe", config={**GQA, **MOE, "sliding_window": WINDOW}),

@@ -37,6 +37,8 @@ position_bias       added to the scaled scores (T5 and other relative-position m
 s_aux, sinks        attention-sink logits, one per head (``s_aux``, shape (H,)) or per query (``sinks``,
                     (B, H, Tq, 1)): an extra key every query sees with that logit and a zero value, so
                     the weights of a row sum to less than 1 (gpt-oss).
+indices             (B, Tq, K) integer: the K keys each query may see (DeepSeek sparse attention's
+                    indexer), ANDed with the mask — the dense mask, as transformers' eager/sdpa form it.
 output_attentions   return the weights (also when transformers collects attentions otherwise).
 GQA                 fewer key/value heads than query heads: grouped-query attention, no copies.
 ==================  =========================================================================================
@@ -299,6 +301,7 @@ def attention_forward(
     sliding_window: int | None = None,
     s_aux: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    indices: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The attention function transformers calls (``AttentionInterface`` signature, as its ``sdpa``).
@@ -311,7 +314,7 @@ def attention_forward(
             ``None`` (mask-less call: see the module doc for the exact rules).
         dropout: probability of dropping a weight, only when ``module.training``.
         scaling: factor on Q Kᵀ; ``None`` = 1/√D.
-        is_causal, sliding_window, position_bias, softcap, s_aux, sinks: see the module doc.
+        is_causal, sliding_window, position_bias, softcap, s_aux, sinks, indices: see the module doc.
         **kwargs: ``output_attentions`` and the ignored names of the module doc; anything else raises.
 
     Returns:
@@ -334,6 +337,13 @@ def attention_forward(
             "flex-attention BlockMask comes from the 'flex_attention' mask function: register "
             "selfattention.hf.attention_mask with this attention instead)"
         )
+    if indices is not None:  # sparse attention: only the selected keys, within the mask (dense, as sdpa's)
+        if attention_mask is None:
+            raise ValueError("indices (the keys each query may see) need the attention_mask to AND with")
+        keep = hf_dense.selected_keys(indices, query.shape[0], query.shape[-2], key.shape[-2], query.device)
+        mask = attention_mask.to_dense() if lazy is not None else attention_mask
+        attention_mask = mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, -math.inf)
+        lazy = None
     if softcap is not None:
         softcap = _check_number("softcap", softcap)
     if sliding_window is not None:
