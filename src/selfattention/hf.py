@@ -10,7 +10,7 @@ with ``transformers.AttentionInterface`` and :func:`attention_mask` with ``Atten
 **Both are needed**: for a name that has no mask function transformers builds no mask at all, so padding
 would be attended to. :func:`attention_forward` refuses to run in that case (``RuntimeError``).
 
-The mask function returns a lazy :class:`~selfattention.hf_masks.LazyMask` (a Visibility: causal at the
+The mask function returns a lazy :class:`~selfattention.hf_recipe.LazyMask` (a Visibility: causal at the
 cache's offset, the sliding window, chunks and packed sequences as documents, padding as a key-only
 (B, 1, 1, Tk) mask, anything else a per-block predicate), never a dense (B, 1, Tq, Tk) mask; the call
 runs on the block engine (:func:`~selfattention.hf_masks.engine_attention`), soft-capping as a score
@@ -37,6 +37,8 @@ position_bias       added to the scaled scores (T5 and other relative-position m
 s_aux, sinks        attention-sink logits, one per head (``s_aux``, shape (H,)) or per query (``sinks``,
                     (B, H, Tq, 1)): an extra key every query sees with that logit and a zero value, so
                     the weights of a row sum to less than 1 (gpt-oss).
+indices             (B, Tq, K) integer: the K keys each query may see (DeepSeek sparse attention's
+                    indexer), ANDed with the mask — the dense mask, as transformers' eager/sdpa form it.
 output_attentions   return the weights (also when transformers collects attentions otherwise).
 GQA                 fewer key/value heads than query heads: grouped-query attention, no copies.
 ==================  =========================================================================================
@@ -82,7 +84,8 @@ from . import _hooks, hf_dense
 from ._validation import check_dropout
 from .backends import scaled_dot_product_attention
 from .functional import attention_steps, attention_weights
-from .hf_masks import LazyMask, engine_attention, mask_function
+from .hf_masks import engine_attention
+from .hf_recipe import LazyMask, mask_function
 from .visibility import Visibility
 
 __all__ = [
@@ -189,9 +192,9 @@ def _import_transformers() -> None:
 
 def attention_mask(*args: Any, **kwargs: Any) -> LazyMask:
     """The mask function registered with our attention (``AttentionMaskInterface``, ``sdpa_mask``'s
-    signature): a :class:`~selfattention.hf_masks.LazyMask` — causal at the cache's offset, sliding
+    signature): a :class:`~selfattention.hf_recipe.LazyMask` — causal at the cache's offset, sliding
     window, chunks or packed sequences as documents, padding as a key-only (B, 1, 1, Tk) mask, anything
-    else as a per-block predicate — never a dense (B, 1, Tq, Tk) tensor (see :mod:`selfattention.hf_masks`).
+    else as a per-block predicate — never a dense (B, 1, Tq, Tk) tensor (see :mod:`selfattention.hf_recipe`).
     """
     return mask_function(*args, **kwargs)
 
@@ -298,6 +301,7 @@ def attention_forward(
     sliding_window: int | None = None,
     s_aux: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    indices: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The attention function transformers calls (``AttentionInterface`` signature, as its ``sdpa``).
@@ -310,7 +314,7 @@ def attention_forward(
             ``None`` (mask-less call: see the module doc for the exact rules).
         dropout: probability of dropping a weight, only when ``module.training``.
         scaling: factor on Q Kᵀ; ``None`` = 1/√D.
-        is_causal, sliding_window, position_bias, softcap, s_aux, sinks: see the module doc.
+        is_causal, sliding_window, position_bias, softcap, s_aux, sinks, indices: see the module doc.
         **kwargs: ``output_attentions`` and the ignored names of the module doc; anything else raises.
 
     Returns:
@@ -333,6 +337,13 @@ def attention_forward(
             "flex-attention BlockMask comes from the 'flex_attention' mask function: register "
             "selfattention.hf.attention_mask with this attention instead)"
         )
+    if indices is not None:  # sparse attention: only the selected keys, within the mask (dense, as sdpa's)
+        if attention_mask is None:
+            raise ValueError("indices (the keys each query may see) need the attention_mask to AND with")
+        keep = hf_dense.selected_keys(indices, query.shape[0], query.shape[-2], key.shape[-2], query.device)
+        mask = attention_mask.to_dense() if lazy is not None else attention_mask
+        attention_mask = mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, -math.inf)
+        lazy = None
     if softcap is not None:
         softcap = _check_number("softcap", softcap)
     if sliding_window is not None:

@@ -11,7 +11,7 @@ import torch
 
 from .functional import AttentionSteps
 
-__all__ = ["softcapped_scores", "additive_mask", "with_sink", "honest_steps", "model_scale"]
+__all__ = ["softcapped_scores", "additive_mask", "with_sink", "honest_steps", "model_scale", "selected_keys"]
 
 
 def softcapped_scores(
@@ -100,3 +100,29 @@ def honest_steps(
 
 def model_scale(scaling: float | None, steps: AttentionSteps) -> float:
     return 1.0 / math.sqrt(steps.query.shape[-1]) if scaling is None else float(scaling)
+
+
+def selected_keys(
+    indices: torch.Tensor, batch: int, q_len: int, k_len: int, device: torch.device
+) -> torch.Tensor:
+    """Bool (1 or B, 1, Tq, Tk), True at the keys ``indices`` (1 or B, Tq, K) names for each query
+    (DeepSeek sparse attention's top-k); every index must lie in [0, Tk)."""
+    if (
+        not isinstance(indices, torch.Tensor)
+        or indices.is_floating_point()
+        or indices.is_complex()
+        or indices.dtype == torch.bool
+        or indices.dim() != 3
+        or indices.shape[0] not in (1, batch)
+        or indices.shape[1] != q_len
+    ):
+        got = (tuple(indices.shape), indices.dtype) if isinstance(indices, torch.Tensor) else indices
+        raise ValueError(
+            f"indices must be an integer tensor of shape (B, Tq, K) = ({batch}, {q_len}, K), got {got}"
+        )
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= k_len):
+        raise ValueError(
+            f"indices must lie in [0, {k_len}) (the keys), got {int(indices.min())} … {int(indices.max())}"
+        )
+    keep = torch.zeros(indices.shape[0], q_len, k_len, dtype=torch.bool, device=device)
+    return keep.scatter_(-1, indices.to(device=device, dtype=torch.long), True).unsqueeze(1)
