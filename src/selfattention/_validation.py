@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from .visibility import Visibility, as_visibility
 
@@ -28,6 +29,7 @@ __all__ = [
     "check_dropout",
     "check_positive_int",
     "check_bool",
+    "from_causal_bias",
     "FloatMaskWarning",
     "symbolic",
     "batched",
@@ -307,6 +309,34 @@ def check_count(name: str, value: object) -> int:
     return value
 
 
+def from_causal_bias(attn_mask: object, query: object, key: object, is_causal: object) -> object:
+    """torch's ``CausalBias`` (``torch.nn.attention.bias.causal_upper_left`` / ``causal_lower_right``) as
+    the :class:`~selfattention.visibility.Visibility` it stands for; any other ``attn_mask`` unchanged.
+
+    A ``CausalBias`` is a tensor subclass whose storage holds no mask (torch's SDPA reads its variant), so
+    treating it as a dense mask would be silently wrong. Upper-left puts query 0 at key 0
+    (``q_offset=0``, torch's ``is_causal``), lower-right puts the last query on the last key (this library's
+    ``is_causal``). Raises ``ValueError`` (as torch does) when ``is_causal=True`` is passed too, or when
+    the bias was made for other lengths than the query/key have.
+    """
+    if not isinstance(attn_mask, CausalBias):
+        return attn_mask
+    if is_causal is True:
+        raise ValueError(
+            "attn_mask is a CausalBias (causal_upper_left/causal_lower_right) and is_causal=True: pass one "
+            "of them, not both"
+        )
+    q_len, k_len = attn_mask.seq_len_q, attn_mask.seq_len_kv
+    for name, t, n in (("query", query, q_len), ("key", key, k_len)):
+        if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-2] != n:
+            raise ValueError(
+                f"attn_mask is a CausalBias for seq_len_q={q_len}, seq_len_kv={k_len} but {name} has "
+                f"length {t.shape[-2]} (shape {_fmt(t.shape)})"
+            )
+    upper_left = attn_mask.variant == CausalVariant.UPPER_LEFT
+    return Visibility(q_len, k_len, is_causal=True, q_offset=0 if upper_left else None)
+
+
 @dataclass(frozen=True)
 class AttentionArgs:
     """The arguments of one attention call, validated: what every entry point computes from.
@@ -358,6 +388,7 @@ def parse_attention(
     batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)  # type: ignore[arg-type]
     check_bool("is_causal", is_causal)
     check_bool("training", training)
+    attn_mask = from_causal_bias(attn_mask, query, key, is_causal)
     vis = as_visibility(attn_mask, is_causal, q_len, k_len)  # type: ignore[arg-type]
     check_mask(vis.attn_mask, batch, q_len, k_len, query.device)  # type: ignore[union-attr]
     p = check_dropout(dropout_p)  # type: ignore[arg-type]

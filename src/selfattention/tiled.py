@@ -35,7 +35,7 @@ import torch
 
 from . import ops
 from ._validation import check_bool, check_count, symbolic
-from .functional import empty_context
+from .functional import attention_steps, empty_context, row_logsumexp
 from .kernels import engine
 from .kernels.stats import AttentionStats, sweep
 from .tiled_plan import (
@@ -47,7 +47,9 @@ from .tiled_plan import (
     canonical,
     computed_fraction,
     describe,
+    no_autograd,
     shape_out,
+    spec_reason,
 )
 from .visibility import Visibility
 
@@ -180,7 +182,13 @@ def tiled_attention(
         acc = torch.promote_types(query.dtype, torch.float32)
         lse = torch.full(out.shape[:-1], -math.inf, dtype=acc, device=query.device)
         return out, lse
-    defer = _no_autograd(c)
+    if spec_reason(c, kernel) is not None:  # (rare) the spec's math: see tiled_plan.spec_reason
+        steps = attention_steps(
+            c.q, c.k, c.v, c.vis, dropout_p, False, c.scale, enable_gqa=c.k.shape[1] != c.q.shape[1]
+        )
+        out = shape_out(c, steps.context, (tq, dv))
+        return (out, shape_out(c, row_logsumexp(steps.masked_scores), (tq,))) if return_lse else out
+    defer = no_autograd(c)
     # Validation has run; a plain call (no mask, documents, dropout or autograd, kernel chosen by the
     # engine) reuses the plan made for the same validated shapes and options
     plain = defer and dropout_p == 0.0 and c.vis.attn_mask is None and c.vis.q_doc is None and kernel is None
@@ -293,8 +301,3 @@ def tiled_attention_with_stats(
         column_sums=None if cs is None else shape_out(c, cs, (tk,)),
     )
     return out, stats
-
-
-def _no_autograd(c: Canon) -> bool:
-    """No gradient will be asked of this call (inference, decode steps)."""
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in (c.q, c.k, c.v)))

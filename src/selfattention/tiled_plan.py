@@ -17,8 +17,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention.bias import CausalBias
 
 from ._validation import broadcast_shapes, check_bool, check_positive_int, parse_attention
+from .functional import mask_outruns_lse
 from .kernels import engine
 from .kernels.plan import band_options, make_plan
 from .visibility import Visibility
@@ -27,6 +29,8 @@ __all__ = [
     "Canon",
     "PlanInfo",
     "canonical",
+    "no_autograd",
+    "spec_reason",
     "split_docs",
     "blocks",
     "shape_out",
@@ -93,7 +97,10 @@ def canonical(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
     )
     batch, q_len, k_len, scale, dropout_p = args.batch, args.q_len, args.k_len, args.scale, args.dropout_p
+    # a Visibility, or torch's CausalBias (which parse_attention turned into one)
     vis_in = attn_mask if isinstance(attn_mask, Visibility) else None
+    if vis_in is None and isinstance(attn_mask, CausalBias):
+        vis_in = args.vis
     attn_mask = args.vis.attn_mask
     if window is not None:
         window = check_positive_int("window", window)
@@ -201,7 +208,8 @@ def shape_out(c: Canon, t: torch.Tensor, tail: tuple[int, ...]) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class PlanInfo:
-    """How :func:`tiled_attention` computes a problem: the kernel and why, the plan's strategy, its number
+    """How :func:`tiled_attention` computes a problem: the kernel (``vendor``, ``exact``, or ``spec`` for
+    the rare call that takes the spec's math: :func:`spec_reason`) and why, the plan's strategy, its number
     of kernel calls, and the fraction of the score table handed to a kernel."""
 
     kernel: str
@@ -209,6 +217,30 @@ class PlanInfo:
     strategy: str
     calls: int
     computed_fraction: float
+
+
+def no_autograd(c: Canon) -> bool:
+    """No gradient will be asked of this call (inference, decode steps)."""
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in (c.q, c.k, c.v)))
+
+
+def spec_reason(c: Canon, kernel: str | None) -> str | None:
+    """Why this call takes the spec's math instead of a block kernel, or None (the usual answer).
+
+    The one case: gradients are wanted and a row of the float mask lies beyond what the log-sum-exp can
+    resolve (:func:`selfattention.functional.mask_outruns_lse`, e.g. transformers' ``finfo.min`` rows): both
+    kernels recompute the weights from the lse in their backward and would get them wrong. Raises
+    ``ValueError`` when ``kernel="vendor"`` was asked for such a call.
+    """
+    if no_autograd(c) and c.mask is None:
+        return None
+    b, h, tq, _ = c.q.shape
+    if not mask_outruns_lse(c.vis, (b, h, tq, c.vis.k_len), torch.promote_types(c.q.dtype, torch.float32)):
+        return None
+    reason = "gradients with a float-mask row beyond the log-sum-exp's resolution"
+    if kernel == "vendor":
+        raise ValueError(f"kernel='vendor' cannot serve this call: {reason} (mask rows near finfo.min)")
+    return reason
 
 
 def describe(
@@ -238,6 +270,9 @@ def describe(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
     )
     bq, bk = blocks(block_q, block_k)
+    reason = spec_reason(c, kernel)
+    if reason is not None:  # the spec's dense math, one call
+        return PlanInfo("spec", reason, "dense", 1, 1.0)
     # keys/values are scanned here even where the call defers that scan to its output (same verdict)
     name, reason = engine.choose_kernel(
         c.q, c.k, c.v, c.vis, dropout_p=dropout_p, mask_grad=c.mask is not None, kernel=kernel
