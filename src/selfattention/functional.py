@@ -341,6 +341,8 @@ def scaled_dot_product_attention(
             * float: added to the scaled scores (0 keeps, -inf hides, other values bias).
               A float mask of only 0s and 1s warns (:class:`FloatMaskWarning`): it was probably meant
               as a bool keep-mask.
+            * torch's ``CausalBias`` (``torch.nn.attention.bias.causal_upper_left`` /
+              ``causal_lower_right``): that causal mask (not together with ``is_causal=True``).
         dropout_p: probability of zeroing an attention weight (kept ones are scaled by 1/(1-p)).
             Applied only when ``training`` is True; the modules pass ``self.training``.
         is_causal: hide future keys, aligned **bottom-right**: query i sits at key position

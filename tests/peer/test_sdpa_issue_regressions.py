@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 import selfattention as sa
 from selfattention.mha import MultiHeadAttention
@@ -168,3 +169,18 @@ def test_mha_finfo_min_padding_rows_train_like_torch_math(backend):
         grads.append(torch.autograd.grad(out.square().sum(), list(mha.parameters())))
     for a, e in zip(*grads, strict=True):
         torch.testing.assert_close(a, e, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("backend", MODULE_BACKENDS)
+def test_mha_takes_torch_causal_bias_objects(backend):
+    # TestAttnBias's CausalBias in the module: self-attention with causal_lower_right is our is_causal;
+    # cross-attention with causal_upper_left equals its materialised mask; with is_causal=True: ValueError
+    mha = _mha()
+    mha.backend = backend
+    x, mem = torch.randn(2, 6, 12, dtype=torch.float64), torch.randn(2, 9, 12, dtype=torch.float64)
+    torch.testing.assert_close(mha(x, attn_mask=causal_lower_right(6, 6))[0], mha(x, is_causal=True)[0])
+    want = mha(x, mem, attn_mask=causal_upper_left(6, 9)._materialize())[0]
+    torch.testing.assert_close(mha(x, mem, attn_mask=causal_upper_left(6, 9))[0], want)
+    torch.testing.assert_close(mha(x, mem, attn_mask=causal_upper_left(6, 9), need_weights=True)[0], want)
+    with pytest.raises(ValueError, match="CausalBias"):
+        mha(x, attn_mask=causal_lower_right(6, 6), is_causal=True)
