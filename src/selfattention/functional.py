@@ -284,8 +284,10 @@ def attention_steps(
 
     used = weights
     if dropout_p > 0.0:
-        keep = torch.rand_like(weights) >= dropout_p
-        used = weights * keep / (1.0 - dropout_p)
+        # torch's math backend's draw (at::dropout: bernoulli_(1 - p), scaled by 1/(1 - p)): under the same
+        # seed the same weights are dropped as in torch.nn.functional.scaled_dot_product_attention on CPU
+        keep = torch.empty_like(weights).bernoulli_(1.0 - dropout_p)
+        used = weights * keep.div_(1.0 - dropout_p)
 
     # Step 4: context vectors z_i = Σ_j α_ij v_j  (…, Tq, Dv)
     context = guarded_pv(used, v, visible_or_all).to(query.dtype)
@@ -344,7 +346,9 @@ def scaled_dot_product_attention(
             * torch's ``CausalBias`` (``torch.nn.attention.bias.causal_upper_left`` /
               ``causal_lower_right``): that causal mask (not together with ``is_causal=True``).
         dropout_p: probability of zeroing an attention weight (kept ones are scaled by 1/(1-p)).
-            Applied only when ``training`` is True; the modules pass ``self.training``.
+            Applied only when ``training`` is True; the modules pass ``self.training``. The mask is torch's
+            math backend's draw (``bernoulli_(1 - p)`` on the weights): the same seed drops the same
+            weights as ``torch.nn.functional.scaled_dot_product_attention`` on CPU.
         is_causal: hide future keys, aligned **bottom-right**: query i sits at key position
             Tk - Tq + i and sees keys 0 .. Tk - Tq + i. Equal to the lower triangle when Tq == Tk;
             differs from torch SDPA (top-left) when Tq != Tk. May be combined with ``attn_mask`` (AND).

@@ -312,6 +312,26 @@ def test_zero_sizes_have_torch_shapes_and_zero_gradients(backend):
             assert gr is not None and gr.shape == t.shape and not gr.any()
 
 
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("input_dim", [3, 4])
+@pytest.mark.parametrize("dropout_p", [0.2, 0.5])
+def test_dropout_draws_what_torch_draws_under_the_same_seed(backend, input_dim, dropout_p):
+    # test_scaled_dot_product_attention: under freeze_rng_state, SDPA with dropout equals the Python
+    # reference softmax → F.dropout → @ v (the same weights dropped). The tiled backend draws its masks
+    # per tile (docs: dropout replayed block by block), so it is not in this list.
+    shape = (5, 4, 6) if input_dim == 3 else (5, 2, 4, 6)
+    q, k, v = (_make(shape, dtype=torch.float32, seed=i, grad=False) for i in range(3))
+    keep = torch.rand(4, 4, generator=torch.Generator().manual_seed(1)) > 0.3
+    keep[:, 0] = True
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        scores = (q @ k.transpose(-1, -2) / math.sqrt(6)).masked_fill(~keep, -math.inf)
+        want = F.dropout(torch.softmax(scores, dim=-1), p=dropout_p) @ v
+        torch.manual_seed(0)
+        out = sa.scaled_dot_product_attention(q, k, v, keep, dropout_p=dropout_p, backend=backend)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Failure modes (TestSDPAFailureModes) and precision
 # ---------------------------------------------------------------------------------------------------------
