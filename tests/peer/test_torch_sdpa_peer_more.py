@@ -351,6 +351,26 @@ def test_failure_modes_on_cpu(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_failure_modes_are_also_the_runtime_errors_torch_raises(backend):
+    # TestSDPAFailureModes asserts RuntimeError (torch's type for these inputs); ours are TypeError/
+    # ValueError naming the argument, and RuntimeError too, so such tests run on ours unchanged
+    q = torch.randn(1, 4, 8, 16)
+    bad = [
+        ((torch.randn(4), torch.randn(1, 4), torch.randn(1, 4)), {}),  # 1-D query
+        ((q, q.half(), q.half()), {}),  # float32 query, float16 key/value
+        ((q, q.to("meta"), q), {}),  # devices
+        ((q, torch.randn(1, 4, 8, 12), torch.randn(1, 4, 8, 12)), {}),  # head_dim
+        ((q, q, q), {"attn_mask": torch.ones(8, 9, dtype=torch.bool)}),  # mask shape
+        ((q, q, q), {"attn_mask": torch.ones(8, 8, dtype=torch.int32)}),  # mask dtype
+        ((q, torch.randn(1, 3, 8, 16), torch.randn(1, 3, 8, 16)), {"enable_gqa": True}),  # 4 % 3 heads
+    ]
+    for args, kw in bad:
+        with pytest.raises(RuntimeError) as info:
+            sa.scaled_dot_product_attention(*args, backend=backend, **kw)
+        assert isinstance(info.value, TypeError | ValueError), info.value
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_float16_forward_and_backward_within_twice_the_naive_error(backend):
     # the fp16 line of test_scaled_dot_product_fused_attention_mask_vs_math_cpu, with PyTorch's criterion
     # (error vs the float64 golden within a fudge factor of the same-precision math error)
