@@ -304,9 +304,7 @@ def torch_sdpa(
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (query, key, value, mask_in)
     )
-    if wants_grad and F.mask_outruns_lse(
-        vis, (*batch, q_len, k_len), torch.promote_types(compute, torch.float32)
-    ):
+    if wants_grad and F.mask_outruns_lse(vis, torch.promote_types(compute, torch.float32)):
         # torch's fused backward recomputes the weights from a log-sum-exp that cannot resolve this mask's
         # rows (F.mask_outruns_lse): the spec's math, whose gradients are those of its forward
         return F.attention_steps(

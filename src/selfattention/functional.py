@@ -153,7 +153,7 @@ def visible_keys(vis: Visibility, shape: tuple[int, ...], device: torch.device) 
     return vis.to_mask(device).expand(shape)
 
 
-def mask_outruns_lse(vis: Visibility, shape: tuple[int, ...], compute: torch.dtype) -> bool:
+def mask_outruns_lse(vis: Visibility, compute: torch.dtype) -> bool:
     """True if, in some query row, the float mask's visible entries all lie so far from 0 that a log-sum-exp
     in ``compute`` cannot resolve the row (|row max| > 2^(digits/4): 2^13 in float64, 2^6 in float32).
 
@@ -161,11 +161,11 @@ def mask_outruns_lse(vis: Visibility, shape: tuple[int, ...], compute: torch.dty
     torch's fused SDPA kernels) then gets them wrong: a row of ``torch.finfo(dtype).min`` (transformers'
     masked rows) or −1e30 has lse = M + log Tk rounded back to M, so every weight comes out 1 instead of
     1/Tk. The forward, which subtracts the running max, is right; only the gradients break. Such calls take
-    the spec's math. ``vis``: the call's visibility (its ``attn_mask`` the checked mask); ``shape``: the
-    scores' (..., Tq, Tk).
+    the spec's math. ``vis``: the call's visibility (its ``attn_mask`` the checked mask). Memory: the
+    mask's broadcast with the visibility's own dense form, never the (..., H, Tq, Tk) scores.
 
     >>> mask = torch.zeros(2, 3); mask[1] = torch.finfo(torch.float32).min
-    >>> mask_outruns_lse(Visibility(2, 3, attn_mask=mask), (2, 3), torch.float32)
+    >>> mask_outruns_lse(Visibility(2, 3, attn_mask=mask), torch.float32)
     True
     """
     mask = vis.attn_mask
@@ -175,9 +175,7 @@ def mask_outruns_lse(vis: Visibility, shape: tuple[int, ...], compute: torch.dty
     m = mask.to(compute)  # what the kernel sees (a float64 −1e300 is −inf in float32: hidden)
     if bool((m.abs() <= limit).all()):  # the common case: every entry near 0
         return False
-    visible = visible_keys(vis, shape, mask.device)
-    if visible is not None:
-        m = torch.where(visible, m, torch.full((), -math.inf, dtype=compute, device=m.device))
+    m = torch.where(vis.to_mask(mask.device), m, torch.full((), -math.inf, dtype=compute, device=m.device))
     row_max = m.amax(dim=-1)  # (..., Tq); −inf for a row that sees no key (zeros: no weights to recompute)
     return bool((torch.isfinite(row_max) & (row_max.abs() > limit)).any())
 

@@ -234,8 +234,7 @@ def spec_reason(c: Canon, kernel: str | None) -> str | None:
     """
     if no_autograd(c) and c.mask is None:
         return None
-    b, h, tq, _ = c.q.shape
-    if not mask_outruns_lse(c.vis, (b, h, tq, c.vis.k_len), torch.promote_types(c.q.dtype, torch.float32)):
+    if not mask_outruns_lse(c.vis, torch.promote_types(c.q.dtype, torch.float32)):
         return None
     reason = "gradients with a float-mask row beyond the log-sum-exp's resolution"
     if kernel == "vendor":
