@@ -45,3 +45,17 @@ def test_torch_func_grad_equals_the_math_gradient(backend, mask_kind):
         lambda q: sa.scaled_dot_product_attention(q, k, v, ours, backend=backend).square().sum()
     )(q)
     torch.testing.assert_close(got, _math_grad(q, k, v, mask), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("entry", ["tiled_attention", "torch_sdpa"])
+def test_torch_func_grad_with_a_causal_bias_on_the_direct_entry_points(entry):
+    # the direct entry points hand a CausalBias to the registered op too: its Visibility, not its storage
+    from selfattention.backends import torch_sdpa
+    from selfattention.tiled import tiled_attention
+
+    fn = {"tiled_attention": tiled_attention, "torch_sdpa": torch_sdpa}[entry]
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 2, 5, 6, generator=g, dtype=torch.float64) for _ in range(3))
+    got = torch.func.grad(lambda q: fn(q, k, v, causal_upper_left(5, 5)).square().sum())(q)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    torch.testing.assert_close(got, _math_grad(q, k, v, mask), atol=1e-10, rtol=1e-10)

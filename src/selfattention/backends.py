@@ -26,7 +26,7 @@ import torch
 
 from . import functional as F
 from . import ops
-from ._validation import all_finite, check_bool, from_causal_bias, parse_attention, symbolic
+from ._validation import all_finite, check_bool, parse_attention, symbolic
 from .kernels import vendor
 from .tiled import tiled_attention
 from .visibility import Visibility
@@ -122,7 +122,6 @@ def scaled_dot_product_attention(
             raise NotImplementedError(
                 "return_lse=True under torch.compile/export/vmap/trace is not supported yet: call it eagerly"
             )
-        attn_mask = from_causal_bias(attn_mask, query, key, is_causal)  # the op takes a Visibility
         return ops.attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
             training=training, backend="reference" if backend is None else backend,

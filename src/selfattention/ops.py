@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._validation import check_bool, check_dropout, check_qkv, direct
+from ._validation import check_bool, check_dropout, check_qkv, direct, from_causal_bias
 from .visibility import Visibility
 
 __all__ = ["attention"]
@@ -63,6 +63,7 @@ def attention(
     check_qkv(query, key, value, enable_gqa=enable_gqa)
     check_bool("is_causal", is_causal)
     check_bool("training", training)
+    attn_mask = from_causal_bias(attn_mask, query, key, is_causal)  # torch's CausalBias: its Visibility
     p = check_dropout(dropout_p) if training else 0.0
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
         raise TypeError(
