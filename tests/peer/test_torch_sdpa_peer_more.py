@@ -286,6 +286,15 @@ def test_gqa_with_broadcast_batch_three_dims_and_a_per_query_head_mask(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_batch_and_head_dims_broadcast_without_gqa(backend):
+    # torch's math backend broadcasts the batch dims of q against k/v like matmul: one key/value head for
+    # every query head (multi-query by broadcasting, no enable_gqa), one key/value batch for every sample
+    compare(backend, _make((2, 3, 5, 4)), _make((2, 1, 6, 4), seed=1), _make((2, 1, 6, 4), seed=2), {})
+    compare(backend, _make((2, 3, 5, 4)), _make((1, 3, 6, 4), seed=1), _make((1, 3, 6, 4), seed=2), {})
+    compare(backend, _make((1, 3, 5, 4)), _make((2, 1, 6, 4), seed=1), _make((2, 1, 6, 4), seed=2), {})
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_the_mask_alone_requires_grad(backend):
     # pytorch/pytorch#148476 (PR #188302): a float mask as the only input with requires_grad crashed a
     # fused backward; ours gives its gradient, q/k/v get none
