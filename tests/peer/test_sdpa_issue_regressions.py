@@ -89,6 +89,25 @@ def test_pytorch_162588_float_mask_at_a_length_past_1024(backend):
     torch.testing.assert_close(out.double(), gold, atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(("tq", "tk"), [(4, 4), (3, 7)])
+def test_onnx_8068_is_causal_and_a_mask_that_together_hide_whole_rows(backend, tq, tk):
+    # onnx/onnx#8068 (and pytorch/pytorch#144858 for the alignment): is_causal composed with an attn_mask
+    # gave NaN where the two together hide every key of a query. Ours: bottom-right causal AND the mask,
+    # zeros and zero gradient for those queries, torch's math elsewhere (given the combined mask).
+    q, k, v = _make((1, 2, tq, 8)), _make((1, 2, tk, 8), seed=1), _make((1, 2, tk, 8), seed=2)
+    causal = torch.ones(tq, tk, dtype=torch.bool).tril(diagonal=tk - tq)
+    keep = torch.ones(tq, tk, dtype=torch.bool)
+    keep[:, : tk - tq + 1] = False  # query 0 (bottom-right: keys 0 .. tk - tq) sees nothing
+    both = causal & keep
+    assert not both[0].any() and both[1:].any(-1).all()
+    compare(backend, q, k, v, {"attn_mask": both}, {"attn_mask": keep, "is_causal": True})
+    out = sa.scaled_dot_product_attention(q, k, v, keep, is_causal=True, backend=backend)
+    assert out[:, :, 0].abs().sum() == 0
+    (gq,) = torch.autograd.grad(out.sum(), q)
+    assert torch.isfinite(gq).all() and gq[:, :, 0].abs().sum() == 0
+
+
 # ---------------------------------------------------------------------------------------------------------
 # nn modules: the fully-masked-row class (pytorch/pytorch#41508, #160064)
 # ---------------------------------------------------------------------------------------------------------
