@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from .visibility import Visibility, as_visibility
 
@@ -28,7 +29,10 @@ __all__ = [
     "check_dropout",
     "check_positive_int",
     "check_bool",
+    "from_causal_bias",
     "FloatMaskWarning",
+    "ArgumentTypeError",
+    "ArgumentValueError",
     "symbolic",
     "batched",
     "direct",
@@ -37,6 +41,17 @@ __all__ = [
 
 class FloatMaskWarning(UserWarning):
     """A float ``attn_mask`` made only of 0s and 1s: probably meant as a keep-mask (use bool)."""
+
+
+class ArgumentTypeError(TypeError, RuntimeError):
+    """A query/key/value/attn_mask/dropout_p of the wrong type or dtype. A ``TypeError``, and also the
+    ``RuntimeError`` that ``torch.nn.functional.scaled_dot_product_attention`` raises for the same input,
+    so that code (and tests) written against torch catch it unchanged."""
+
+
+class ArgumentValueError(ValueError, RuntimeError):
+    """A query/key/value/attn_mask/dropout_p of the wrong shape, size, device or value. A ``ValueError``,
+    and also torch SDPA's ``RuntimeError`` for the same input (see :class:`ArgumentTypeError`)."""
 
 
 _direct = threading.local()
@@ -100,13 +115,15 @@ def _fmt(shape: torch.Size | tuple[int, ...]) -> str:
 
 def _check_tensor(name: str, t: object) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise ArgumentTypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
-        raise TypeError(
+        raise ArgumentTypeError(
             f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64), got dtype {t.dtype}"
         )
     if t.layout != torch.strided:
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}; use .to_dense()")
+        raise ArgumentTypeError(
+            f"{name} must be a dense (strided) tensor, got layout {t.layout}; use .to_dense()"
+        )
     return t
 
 
@@ -128,17 +145,17 @@ def check_qkv(
     _check_tensor("value", value)
     check_bool("enable_gqa", enable_gqa)
     if not (query.dtype == key.dtype == value.dtype):
-        raise TypeError(
+        raise ArgumentTypeError(
             "query, key and value must have the same dtype, got "
             f"query {query.dtype}, key {key.dtype}, value {value.dtype}"
         )
     if not (query.device == key.device == value.device):
-        raise ValueError(
+        raise ArgumentValueError(
             "query, key and value must be on the same device, got "
             f"query on {query.device}, key on {key.device}, value on {value.device}"
         )
     if query.device.type == "meta":
-        raise ValueError(
+        raise ArgumentValueError(
             "query, key and value are on the meta device, which holds shapes but no values; attention "
             "looks at the values (masks, NaN checks), so move them to a real device"
         )
@@ -152,24 +169,26 @@ def check_qkv(
         return hit
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dims (..., T, D), got shape {_fmt(t.shape)}")
+            raise ArgumentValueError(
+                f"{name} must have at least 2 dims (..., T, D), got shape {_fmt(t.shape)}"
+            )
     if not (query.dim() == key.dim() == value.dim()):
-        raise ValueError(
+        raise ArgumentValueError(
             "query, key and value must have the same number of dims, got "
             f"query {_fmt(query.shape)}, key {_fmt(key.shape)}, value {_fmt(value.shape)}"
         )
     if query.shape[-1] != key.shape[-1]:
-        raise ValueError(
+        raise ArgumentValueError(
             f"query and key must have the same head_dim (last dim), got query {_fmt(query.shape)} "
             f"(D={query.shape[-1]}) and key {_fmt(key.shape)} (D={key.shape[-1]})"
         )
     if key.shape[-2] != value.shape[-2]:
-        raise ValueError(
+        raise ArgumentValueError(
             f"key and value must have the same sequence length (dim -2), got key {_fmt(key.shape)} "
             f"(Tk={key.shape[-2]}) and value {_fmt(value.shape)} (Tk={value.shape[-2]})"
         )
     if key.shape[:-2] != value.shape[:-2]:
-        raise ValueError(
+        raise ArgumentValueError(
             f"key and value must have the same batch/head dims, got key {_fmt(key.shape)} and value "
             f"{_fmt(value.shape)}"
         )
@@ -177,7 +196,7 @@ def check_qkv(
     if enable_gqa and query.dim() >= 3:
         hq, hkv = query.shape[-3], key.shape[-3]
         if hkv == 0 or hq % hkv != 0:
-            raise ValueError(
+            raise ArgumentValueError(
                 f"grouped-query attention needs the query heads to be a multiple of the key/value heads, "
                 f"got query heads {hq} (query {_fmt(query.shape)}) and key/value heads {hkv} "
                 f"(key {_fmt(key.shape)})"
@@ -189,7 +208,7 @@ def check_qkv(
         hint = ""
         if query.dim() >= 3 and query.shape[-3] != key.shape[-3] and not enable_gqa:
             hint = " (different head counts: pass enable_gqa=True for grouped-query attention)"
-        raise ValueError(
+        raise ArgumentValueError(
             f"query {_fmt(query.shape)} and key {_fmt(key.shape)} have batch/head dims that do not "
             f"broadcast{hint}"
         ) from None
@@ -224,27 +243,27 @@ def check_mask(
     if attn_mask is None:
         return
     if not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+        raise ArgumentTypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise TypeError(
+        raise ArgumentTypeError(
             f"attn_mask must be bool (True = attend) or floating (added to the scores), got dtype "
             f"{attn_mask.dtype}; for a 0/1 integer keep-mask use attn_mask.bool()"
         )
     if attn_mask.device != device:
-        raise ValueError(f"attn_mask is on {attn_mask.device} but query is on {device}")
+        raise ArgumentValueError(f"attn_mask is on {attn_mask.device} but query is on {device}")
     target = (*out_batch, q_len, k_len)
     try:
         full = broadcast_shapes(attn_mask.shape, target)
     except RuntimeError:
         full = None
     if full is None or tuple(full) != target:
-        raise ValueError(
+        raise ArgumentValueError(
             f"attn_mask of shape {_fmt(attn_mask.shape)} does not broadcast to the scores' shape "
             f"{_fmt(target)} (batch..., Tq, Tk)"
         )
     if attn_mask.is_floating_point() and attn_mask.numel() > 0:
         if bool(torch.isnan(attn_mask).any()):
-            raise ValueError("attn_mask contains NaN; use -inf to hide a key, 0 to keep it")
+            raise ArgumentValueError("attn_mask contains NaN; use -inf to hide a key, 0 to keep it")
         ones = attn_mask == 1
         if bool(ones.any()) and bool((ones | (attn_mask == 0)).all()):
             warnings.warn(
@@ -277,9 +296,9 @@ def resolve_scale(scale: float | None, head_dim: int) -> float:
 
 def check_dropout(dropout_p: float) -> float:
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, int | float):
-        raise TypeError(f"dropout_p must be a float in [0, 1), got {type(dropout_p).__name__}")
+        raise ArgumentTypeError(f"dropout_p must be a float in [0, 1), got {type(dropout_p).__name__}")
     if not (0.0 <= dropout_p < 1.0):
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
+        raise ArgumentValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
     return float(dropout_p)
 
 
@@ -305,6 +324,34 @@ def check_count(name: str, value: object) -> int:
     if value < 0:
         raise ValueError(f"{name} must be a non-negative int, got {value}")
     return value
+
+
+def from_causal_bias(attn_mask: object, query: object, key: object, is_causal: object) -> object:
+    """torch's ``CausalBias`` (``torch.nn.attention.bias.causal_upper_left`` / ``causal_lower_right``) as
+    the :class:`~selfattention.visibility.Visibility` it stands for; any other ``attn_mask`` unchanged.
+
+    A ``CausalBias`` is a tensor subclass whose storage holds no mask (torch's SDPA reads its variant), so
+    treating it as a dense mask would be silently wrong. Upper-left puts query 0 at key 0
+    (``q_offset=0``, torch's ``is_causal``), lower-right puts the last query on the last key (this library's
+    ``is_causal``). Raises ``ValueError`` (as torch does) when ``is_causal=True`` is passed too, or when
+    the bias was made for other lengths than the query/key have.
+    """
+    if not isinstance(attn_mask, CausalBias):
+        return attn_mask
+    if is_causal is True:
+        raise ValueError(
+            "attn_mask is a CausalBias (causal_upper_left/causal_lower_right) and is_causal=True: pass one "
+            "of them, not both"
+        )
+    q_len, k_len = attn_mask.seq_len_q, attn_mask.seq_len_kv
+    for name, t, n in (("query", query, q_len), ("key", key, k_len)):
+        if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[-2] != n:
+            raise ValueError(
+                f"attn_mask is a CausalBias for seq_len_q={q_len}, seq_len_kv={k_len} but {name} has "
+                f"length {t.shape[-2]} (shape {_fmt(t.shape)})"
+            )
+    upper_left = attn_mask.variant == CausalVariant.UPPER_LEFT
+    return Visibility(q_len, k_len, is_causal=True, q_offset=0 if upper_left else None)
 
 
 @dataclass(frozen=True)
@@ -358,6 +405,7 @@ def parse_attention(
     batch, q_len, k_len = check_qkv(query, key, value, enable_gqa=enable_gqa)  # type: ignore[arg-type]
     check_bool("is_causal", is_causal)
     check_bool("training", training)
+    attn_mask = from_causal_bias(attn_mask, query, key, is_causal)
     vis = as_visibility(attn_mask, is_causal, q_len, k_len)  # type: ignore[arg-type]
     check_mask(vis.attn_mask, batch, q_len, k_len, query.device)  # type: ignore[union-attr]
     p = check_dropout(dropout_p)  # type: ignore[arg-type]

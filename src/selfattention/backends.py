@@ -300,6 +300,15 @@ def torch_sdpa(
     )
     visible = None if plain_causal else F.visible_keys(vis, (*batch, q_len, k_len), query.device)
     compute = vendor.compute_dtype(query.device, query.dtype)
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, mask_in)
+    )
+    if wants_grad and F.mask_outruns_lse(vis, torch.promote_types(compute, torch.float32)):
+        # torch's fused backward recomputes the weights from a log-sum-exp that cannot resolve this mask's
+        # rows (F.mask_outruns_lse): the spec's math, whose gradients are those of its forward
+        return F.attention_steps(
+            query, key, value, vis, dropout_p, False, scale, enable_gqa=enable_gqa, training=training
+        ).context
 
     def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: torch.Tensor | None) -> torch.Tensor:
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
@@ -339,11 +348,7 @@ def torch_sdpa(
         return F.attention_steps(q, k, v, vis.with_mask(None) if m is None else replace(vis, attn_mask=m), 0.0, False, scale,
                                  enable_gqa=enable_gqa).context  # fmt: skip
 
-    if (
-        dropout_p == 0.0
-        and torch.is_grad_enabled()
-        and any(t is not None and t.requires_grad for t in (query, key, value, mask_in))
-    ):
+    if dropout_p == 0.0 and wants_grad:
         return _SpecForCreateGraph.apply(run, spec, query, key, value, mask_in)
     return run(query, key, value, mask_in)
 

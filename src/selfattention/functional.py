@@ -39,6 +39,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "attention_weights",
     "row_logsumexp",
+    "mask_outruns_lse",
     "simple_attention",
     "simple_attention_steps",
 ]
@@ -152,6 +153,33 @@ def visible_keys(vis: Visibility, shape: tuple[int, ...], device: torch.device) 
     return vis.to_mask(device).expand(shape)
 
 
+def mask_outruns_lse(vis: Visibility, compute: torch.dtype) -> bool:
+    """True if, in some query row, the float mask's visible entries all lie so far from 0 that a log-sum-exp
+    in ``compute`` cannot resolve the row (|row max| > 2^(digits/4): 2^13 in float64, 2^6 in float32).
+
+    A kernel that recomputes the weights in its backward as exp(s − lse) (FlashAttention-2, Algorithm 2;
+    torch's fused SDPA kernels) then gets them wrong: a row of ``torch.finfo(dtype).min`` (transformers'
+    masked rows) or −1e30 has lse = M + log Tk rounded back to M, so every weight comes out 1 instead of
+    1/Tk. The forward, which subtracts the running max, is right; only the gradients break. Such calls take
+    the spec's math. ``vis``: the call's visibility (its ``attn_mask`` the checked mask). Memory: the
+    mask's broadcast with the visibility's own dense form, never the (..., H, Tq, Tk) scores.
+
+    >>> mask = torch.zeros(2, 3); mask[1] = torch.finfo(torch.float32).min
+    >>> mask_outruns_lse(Visibility(2, 3, attn_mask=mask), torch.float32)
+    True
+    """
+    mask = vis.attn_mask
+    if mask is None or not mask.is_floating_point() or mask.numel() == 0:
+        return False
+    limit = 2.0 ** ((1 - round(math.log2(torch.finfo(compute).eps))) // 4)
+    m = mask.to(compute)  # what the kernel sees (a float64 −1e300 is −inf in float32: hidden)
+    if bool((m.abs() <= limit).all()):  # the common case: every entry near 0
+        return False
+    m = torch.where(vis.to_mask(mask.device), m, torch.full((), -math.inf, dtype=compute, device=m.device))
+    row_max = m.amax(dim=-1)  # (..., Tq); −inf for a row that sees no key (zeros: no weights to recompute)
+    return bool((torch.isfinite(row_max) & (row_max.abs() > limit)).any())
+
+
 def row_logsumexp(masked_scores: torch.Tensor) -> torch.Tensor:
     """log Σ_j exp(masked_scores_ij) over the last dim: the log-sum-exp of each query row (natural log),
     ``-inf`` for a row whose scores are all ``-inf`` (it sees no key), with a zero gradient there (never
@@ -254,8 +282,10 @@ def attention_steps(
 
     used = weights
     if dropout_p > 0.0:
-        keep = torch.rand_like(weights) >= dropout_p
-        used = weights * keep / (1.0 - dropout_p)
+        # torch's math backend's draw (at::dropout: bernoulli_(1 - p), scaled by 1/(1 - p)): under the same
+        # seed the same weights are dropped as in torch.nn.functional.scaled_dot_product_attention on CPU
+        keep = torch.empty_like(weights).bernoulli_(1.0 - dropout_p)
+        used = weights * keep.div_(1.0 - dropout_p)
 
     # Step 4: context vectors z_i = Σ_j α_ij v_j  (…, Tq, Dv)
     context = guarded_pv(used, v, visible_or_all).to(query.dtype)
@@ -311,8 +341,12 @@ def scaled_dot_product_attention(
             * float: added to the scaled scores (0 keeps, -inf hides, other values bias).
               A float mask of only 0s and 1s warns (:class:`FloatMaskWarning`): it was probably meant
               as a bool keep-mask.
+            * torch's ``CausalBias`` (``torch.nn.attention.bias.causal_upper_left`` /
+              ``causal_lower_right``): that causal mask (not together with ``is_causal=True``).
         dropout_p: probability of zeroing an attention weight (kept ones are scaled by 1/(1-p)).
-            Applied only when ``training`` is True; the modules pass ``self.training``.
+            Applied only when ``training`` is True; the modules pass ``self.training``. The mask is torch's
+            math backend's draw (``bernoulli_(1 - p)`` on the weights): the same seed drops the same
+            weights as ``torch.nn.functional.scaled_dot_product_attention`` on CPU.
         is_causal: hide future keys, aligned **bottom-right**: query i sits at key position
             Tk - Tq + i and sees keys 0 .. Tk - Tq + i. Equal to the lower triangle when Tq == Tk;
             differs from torch SDPA (top-left) when Tq != Tk. May be combined with ``attn_mask`` (AND).

@@ -22,10 +22,11 @@ import math
 
 import torch
 from torch import nn
+from torch.nn.attention.bias import CausalBias
 
 from . import _hooks
 from . import functional as F
-from ._validation import check_bool, check_dropout, check_positive_int, symbolic
+from ._validation import check_bool, check_dropout, check_positive_int, from_causal_bias, symbolic
 from .backends import scaled_dot_product_attention
 from .kv_cache import KVCache
 from .visibility import Visibility
@@ -91,7 +92,8 @@ class MultiHeadAttention(nn.Module):
       cross-attention; omitted (None) for self-attention (key = value = query). If only ``key`` is
       given, ``value = key``.
     * ``attn_mask``: bool, **True = attend** (the opposite of torch MHA), or additive float; shape
-      (Tq, Tk) or broadcastable to (B, H, Tq, Tk) (4-D). A 3-D mask is refused as ambiguous.
+      (Tq, Tk) or broadcastable to (B, H, Tq, Tk) (4-D). A 3-D mask is refused as ambiguous. torch's
+      ``causal_upper_left``/``causal_lower_right`` objects are accepted (not with ``is_causal=True``).
     * ``key_padding_mask``: (B, Tk), bool **True = real token**, False = padding (torch MHA: True =
       padding — convert with :func:`selfattention.masks.from_torch_mha`), or additive float. With a
       ``kv_cache`` it has shape (B, Tq): one flag per token passed in, remembered by the cache.
@@ -247,9 +249,11 @@ class MultiHeadAttention(nn.Module):
             )
         return kpm[:, None, None, :]  # (B, 1, 1, Tk) broadcasts over heads and queries
 
-    def _attn_mask(self, m: torch.Tensor | None) -> torch.Tensor | None:
+    def _attn_mask(self, m: torch.Tensor | None, is_causal: bool) -> torch.Tensor | Visibility | None:
         if m is None:
             return None
+        if isinstance(m, CausalBias):  # torch's causal_upper_left / causal_lower_right: its Visibility
+            return from_causal_bias(m, None, None, is_causal)
         if not isinstance(m, torch.Tensor):
             raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(m).__name__}")
         if m.dim() == 3:
@@ -292,7 +296,7 @@ class MultiHeadAttention(nn.Module):
         query: torch.Tensor,
         key: torch.Tensor | None = None,
         value: torch.Tensor | None = None,
-        attn_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | Visibility | None = None,
         key_padding_mask: torch.Tensor | None = None,
         is_causal: bool = False,
         kv_cache: KVCache | None = None,
@@ -337,7 +341,7 @@ class MultiHeadAttention(nn.Module):
             v = self.v_proj(value).view(batch, key.shape[1], Hkv, D).transpose(1, 2)  # (B, Hkv, Tk, D)
             return k, v
 
-        mask = self._attn_mask(attn_mask)
+        mask = self._attn_mask(attn_mask, is_causal)
         if kv_cache is not None:
             if not isinstance(kv_cache, KVCache):
                 raise TypeError(f"kv_cache must be a KVCache, got {type(kv_cache).__name__}")

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ._validation import check_bool, check_dropout, check_qkv, direct
+from ._validation import check_bool, check_dropout, check_qkv, direct, from_causal_bias
 from .visibility import Visibility
 
 __all__ = ["attention"]
@@ -63,6 +63,7 @@ def attention(
     check_qkv(query, key, value, enable_gqa=enable_gqa)
     check_bool("is_causal", is_causal)
     check_bool("training", training)
+    attn_mask = from_causal_bias(attn_mask, query, key, is_causal)  # torch's CausalBias: its Visibility
     p = check_dropout(dropout_p) if training else 0.0
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
         raise TypeError(
@@ -217,12 +218,11 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(query, key, value, attn_mask)
 
 
-def _backward(ctx, grad):
+def _backward(ctx, grad, functorch: bool = False):
     query, key, value, attn_mask = ctx.saved_tensors
     mask_grad = bool(ctx.needs_input_grad[3]) and attn_mask is not None and attn_mask.is_floating_point()
-    dq, dk, dv, dmask = torch.ops.selfattention.attention_backward(
-        grad, query, key, value, attn_mask, *ctx.args, mask_grad
-    )
+    backward = _FunctorchBackward.apply if functorch else torch.ops.selfattention.attention_backward
+    dq, dk, dv, dmask = backward(grad, query, key, value, attn_mask, *ctx.args, mask_grad)
     return (dq, dk, dv, dmask if mask_grad else None, *([None] * len(ctx.args)))
 
 
@@ -244,7 +244,32 @@ class _Functorch(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        return _backward(ctx, grad)
+        return _backward(ctx, grad, functorch=True)
+
+
+class _FunctorchBackward(torch.autograd.Function):
+    """The backward op for torch.func transforms. ``torch.func.grad`` hands the backward a cotangent that
+    its transform tracks, so the op is called through the autograd layer again, where functorch accepts
+    only an autograd.Function with ``setup_context`` (torch.library's generated one has none: a
+    RuntimeError). First-order gradients; a second derivative raises ``NotImplementedError``."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(grad, query, key, value, attn_mask, *args):  # type: ignore[override]
+        return tuple(torch.ops.selfattention.attention_backward(grad, query, key, value, attn_mask, *args))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):  # type: ignore[override]
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        raise NotImplementedError(
+            "second derivatives of selfattention's attention under torch.func transforms (torch.func.hessian, "
+            "grad of grad) are not supported; the spec, selfattention.functional.scaled_dot_product_attention, "
+            "is plain torch math and supports them"
+        )
 
 
 # ------------------------------------------------------------------------------------------------ vmap

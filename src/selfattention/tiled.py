@@ -21,29 +21,36 @@ float mask, float64 where the fused kernel lacks it) goes to the exact torch-ops
 Streaming statistics (:func:`tiled_attention_with_stats`): per-query log-sum-exp (from the kernel),
 entropy of the weights, the top-k keys with their weights, and the attention each key receives (column
 sums), from one more sweep over the same plan.
+
+The arguments' canonical form, :func:`describe` and :func:`computed_fraction` live in
+:mod:`selfattention.tiled_plan` (re-exported here).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
 
 import torch
 
 from . import ops
-from ._validation import (
-    broadcast_shapes,
-    check_bool,
-    check_count,
-    check_positive_int,
-    parse_attention,
-    symbolic,
-)
-from .functional import empty_context
+from ._validation import check_bool, check_count, symbolic
+from .functional import attention_steps, empty_context, row_logsumexp
 from .kernels import engine
-from .kernels.plan import band_options, make_plan
 from .kernels.stats import AttentionStats, sweep
+from .tiled_plan import (
+    DEFAULT_BLOCK_K,
+    DEFAULT_BLOCK_Q,
+    Canon,
+    PlanInfo,
+    blocks,
+    canonical,
+    computed_fraction,
+    describe,
+    no_autograd,
+    shape_out,
+    spec_reason,
+)
 from .visibility import Visibility
 
 __all__ = [
@@ -56,168 +63,6 @@ __all__ = [
     "DEFAULT_BLOCK_Q",
     "DEFAULT_BLOCK_K",
 ]
-
-DEFAULT_BLOCK_Q = 128
-DEFAULT_BLOCK_K = 512
-
-
-@dataclass
-class _Canon:
-    """The public arguments in the engine's canonical form, and how to shape the result back."""
-
-    q: torch.Tensor  # (B, H, Tq, D)
-    k: torch.Tensor  # (B, Hkv, Tk, D)
-    v: torch.Tensor  # (B, Hkv, Tk, Dv)
-    vis: Visibility
-    mask: torch.Tensor | None  # the canonical 4-D float mask when its gradient is wanted
-    scale: float
-    batch: tuple[int, ...]  # the output's batch dims (heads included)
-    unbatched: bool
-
-
-def _split_docs(
-    document_ids: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None, q_len: int, k_len: int
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    if document_ids is None:
-        return None, None
-    if isinstance(document_ids, tuple | list):
-        if len(document_ids) != 2:
-            raise ValueError("document_ids must be a tensor (..., T) or a pair (query ids, key ids)")
-        q_doc, k_doc = document_ids
-    else:
-        q_doc = k_doc = document_ids
-    for name, ids, n in (("query document ids", q_doc, q_len), ("key document ids", k_doc, k_len)):
-        if not isinstance(ids, torch.Tensor):
-            raise TypeError(f"document_ids must hold torch tensors, got {type(ids).__name__}")
-        if ids.is_floating_point() or ids.dtype == torch.bool or ids.is_complex():
-            raise TypeError(f"{name} must be an integer tensor, got dtype {ids.dtype}")
-        if ids.dim() < 1 or ids.shape[-1] != n:
-            raise ValueError(
-                f"{name} must have shape (..., {n}) (one id per position), got {tuple(ids.shape)}"
-                + ("; pass a pair (query ids, key ids) when Tq != Tk" if q_len != k_len else "")
-            )
-    return q_doc, k_doc
-
-
-def _lead_to_b(t: torch.Tensor, lead: tuple[int, ...], tail: int) -> torch.Tensor:
-    """A tensor (*some_lead, *tail dims) broadcastable to (*lead, *tail) as (b, *tail), b ∈ {1, prod(lead)}."""
-    t = t.reshape((1,) * (len(lead) + tail - t.dim()) + tuple(t.shape))
-    if all(s == 1 for s in t.shape[: len(lead)]):
-        return t.reshape(1, *t.shape[len(lead) :])
-    return t.expand(*lead, *t.shape[len(lead) :]).reshape(math.prod(lead), *t.shape[len(lead) :])
-
-
-def _canonical(
-    query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
-) -> tuple[_Canon, float]:
-    args = parse_attention(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa, training=training
-    )
-    batch, q_len, k_len, scale, dropout_p = args.batch, args.q_len, args.k_len, args.scale, args.dropout_p
-    vis_in = attn_mask if isinstance(attn_mask, Visibility) else None
-    attn_mask = args.vis.attn_mask
-    if window is not None:
-        window = check_positive_int("window", window)
-    q_doc, k_doc = _split_docs(document_ids, q_len, k_len)
-
-    unbatched = query.dim() == 2
-    q, k, v = query, key, value
-    if unbatched:
-        q, k, v = q[None], k[None], v[None]
-    if q.dim() == 3:
-        q, k, v = q[None], k[None], v[None]
-    hk = k.shape[-3]
-    heads = batch[-1] if not unbatched else 1
-    lead = broadcast_shapes(q.shape[:-3], k.shape[:-3])
-    if hk != heads and (hk == 1 or heads % hk == 0):
-        hkv = hk  # grouped-query heads (H a multiple of Hkv, or one shared key/value head): never repeated
-    else:
-        hkv = heads
-    nb = math.prod(lead)
-    if not (q.dim() == 4 and q.shape[:2] == (nb, heads) and k.shape[:2] == v.shape[:2] == (nb, hkv)):
-        # (already canonical, the common case: nothing to broadcast)
-        q = q.expand(*lead, heads, *q.shape[-2:]).reshape(nb, heads, *q.shape[-2:])
-        k = k.expand(*lead, hkv, *k.shape[-2:]).reshape(nb, hkv, *k.shape[-2:])
-        v = v.expand(*lead, hkv, *v.shape[-2:]).reshape(nb, hkv, *v.shape[-2:])
-    lead_b = lead if lead else (1,)
-
-    mask4 = None
-    if attn_mask is not None:
-        m = attn_mask.reshape((1,) * max(0, 2 - attn_mask.dim()) + tuple(attn_mask.shape))
-        m = m.reshape((1,) * max(0, 3 - m.dim()) + tuple(m.shape))  # (..., h, tq, tk)
-        mask4 = _lead_to_b(m, lead_b, 3)
-    docs = [None, None]
-    for i, ids in enumerate((q_doc, k_doc)):
-        if ids is None:
-            continue
-        if ids.device != query.device:
-            raise ValueError(f"document_ids are on {ids.device} but query is on {query.device}")
-        try:
-            ok = broadcast_shapes(ids.shape[:-1], lead) == lead
-        except RuntimeError:
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"document_ids of shape {tuple(ids.shape)} do not broadcast to the batch dims "
-                f"{lead} (heads excluded) + (T,)"
-            )
-        docs[i] = _lead_to_b(ids, lead_b, 1)
-    if vis_in is not None:
-        if vis_in.q_doc is not None and q_doc is not None:
-            raise ValueError("document ids given twice: in the Visibility and as document_ids")
-        causal = args.vis.is_causal  # is_causal merged into the Visibility by parse_attention
-        if window is not None and vis_in.window is not None and window != vis_in.window:
-            raise ValueError(f"window={window} but the Visibility has window={vis_in.window}")
-        w = window if window is not None else vis_in.window
-        vis = Visibility(
-            q_len,
-            k_len,
-            is_causal=causal,
-            window=w,
-            q_offset=vis_in.q_offset,
-            q_doc=docs[0] if docs[0] is not None else _doc_b(vis_in.q_doc, lead_b),
-            k_doc=docs[1] if docs[1] is not None else _doc_b(vis_in.k_doc, lead_b),
-            attn_mask=mask4,
-            mod=vis_in.mod,
-            doc_offset=vis_in.doc_offset
-            if vis_in.doc_offset is not None
-            else _per_doc(document_ids, causal, w),
-        )
-    elif window is None and docs[0] is None and docs[1] is None and mask4 is None:
-        vis = args.vis  # what parse_attention built: (Tq, Tk, is_causal), nothing else to add
-    else:
-        vis = Visibility(
-            q_len, k_len, is_causal=is_causal, window=window, q_doc=docs[0], k_doc=docs[1], attn_mask=mask4,
-            doc_offset=_per_doc(document_ids, is_causal, window),
-        )  # fmt: skip
-    grad_mask = (
-        mask4 is not None and mask4.is_floating_point() and mask4.requires_grad and torch.is_grad_enabled()
-    )
-    canon = _Canon(q, k, v, vis, mask4 if grad_mask else None, scale, tuple(batch), unbatched)
-    return canon, dropout_p
-
-
-def _per_doc(document_ids, causal: bool, window: int | None) -> int | None:
-    """A pair (query ids, key ids) with causal or a window: each document's queries sit bottom-right on
-    its own keys (doc_offset 0). One tensor of ids (the same for queries and keys) needs no offset: every
-    document then has as many queries as keys at the same place, and both alignments agree."""
-    pair = isinstance(document_ids, tuple | list)
-    return 0 if pair and (causal or window is not None) else None
-
-
-def _doc_b(ids: torch.Tensor | None, lead: tuple[int, ...]) -> torch.Tensor | None:
-    return None if ids is None else _lead_to_b(ids, lead, 1)
-
-
-def _blocks(block_q: int | None, block_k: int | None) -> tuple[int, int]:
-    bq = DEFAULT_BLOCK_Q if block_q is None else check_positive_int("block_q", block_q)
-    bk = DEFAULT_BLOCK_K if block_k is None else check_positive_int("block_k", block_k)
-    return bq, bk
-
-
-def _shape_out(c: _Canon, t: torch.Tensor, tail: tuple[int, ...]) -> torch.Tensor:
-    t = t.reshape(*c.batch, *tail) if not c.unbatched else t.reshape(*tail)
-    return t
 
 
 def tiled_attention(
@@ -322,10 +167,10 @@ def tiled_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
             training=training, backend="tiled",
         )  # fmt: skip
-    c, dropout_p = _canonical(
+    c, dropout_p = canonical(
         query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
     )
-    bq, bk = _blocks(block_q, block_k)
+    bq, bk = blocks(block_q, block_k)
     if dropout_seed is not None and (isinstance(dropout_seed, bool) or not isinstance(dropout_seed, int)):
         raise TypeError(f"dropout_seed must be an int or None, got {type(dropout_seed).__name__}")
     tq, dv = c.vis.q_len, c.v.shape[-1]
@@ -337,7 +182,13 @@ def tiled_attention(
         acc = torch.promote_types(query.dtype, torch.float32)
         lse = torch.full(out.shape[:-1], -math.inf, dtype=acc, device=query.device)
         return out, lse
-    defer = _no_autograd(c)
+    if spec_reason(c, kernel) is not None:  # (rare) the spec's math: see tiled_plan.spec_reason
+        steps = attention_steps(
+            c.q, c.k, c.v, c.vis, dropout_p, False, c.scale, enable_gqa=c.k.shape[1] != c.q.shape[1]
+        )
+        out = shape_out(c, steps.context, (tq, dv))
+        return (out, shape_out(c, row_logsumexp(steps.masked_scores), (tq,))) if return_lse else out
+    defer = no_autograd(c)
     # Validation has run; a plain call (no mask, documents, dropout or autograd, kernel chosen by the
     # engine) reuses the plan made for the same validated shapes and options
     plain = defer and dropout_p == 0.0 and c.vis.attn_mask is None and c.vis.q_doc is None and kernel is None
@@ -354,10 +205,10 @@ def tiled_attention(
                     _PLANS.pop(next(iter(_PLANS)), None)  # the oldest
                 _PLANS[key_] = prob
     out, lse = engine.attention(c.q, c.k, c.v, prob, c.mask)
-    out = _shape_out(c, out, (tq, dv))
+    out = shape_out(c, out, (tq, dv))
     if not return_lse:
         return out
-    return out, _shape_out(c, lse, (tq,))
+    return out, shape_out(c, lse, (tq,))
 
 
 #: Problems of plain calls, by :func:`_plan_key` of their *validated* arguments (a model runs the same
@@ -367,7 +218,7 @@ _PLANS_MAX = 64
 _PLANS_LOCK = threading.Lock()
 
 
-def _plan_key(c: _Canon, bq: int, bk: int) -> tuple:
+def _plan_key(c: Canon, bq: int, bk: int) -> tuple:
     """What the plan of a validated plain call depends on (every value here came out of validation)."""
     v = c.vis
     return (
@@ -411,10 +262,10 @@ def tiled_attention_with_stats(
     """
     top_k = check_count("top_k", top_k)
     check_bool("column_sums", column_sums)
-    c, _ = _canonical(
+    c, _ = canonical(
         query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, False, window, document_ids
     )
-    bq, bk = _blocks(block_q, block_k)
+    bq, bk = blocks(block_q, block_k)
     b, h, tq, _ = c.q.shape
     tk, dv = c.vis.k_len, c.v.shape[-1]
     acc = torch.promote_types(query.dtype, torch.float32)
@@ -441,106 +292,12 @@ def tiled_attention_with_stats(
             document_ids=document_ids, block_q=block_q, block_k=block_k, kernel=kernel,
         )  # fmt: skip
     else:
-        out = _shape_out(c, out4.to(query.dtype), (tq, dv))
+        out = shape_out(c, out4.to(query.dtype), (tq, dv))
     stats = AttentionStats(
-        lse=_shape_out(c, lse, (tq,)),
-        entropy=_shape_out(c, ent, (tq,)),
-        topk_indices=_shape_out(c, ti, (tq, top_k)),
-        topk_weights=_shape_out(c, tw, (tq, top_k)),
-        column_sums=None if cs is None else _shape_out(c, cs, (tk,)),
+        lse=shape_out(c, lse, (tq,)),
+        entropy=shape_out(c, ent, (tq,)),
+        topk_indices=shape_out(c, ti, (tq, top_k)),
+        topk_weights=shape_out(c, tw, (tq, top_k)),
+        column_sums=None if cs is None else shape_out(c, cs, (tk,)),
     )
     return out, stats
-
-
-@dataclass(frozen=True)
-class PlanInfo:
-    """How :func:`tiled_attention` computes a problem: the kernel and why, the plan's strategy, its number
-    of kernel calls, and the fraction of the score table handed to a kernel."""
-
-    kernel: str
-    reason: str
-    strategy: str
-    calls: int
-    computed_fraction: float
-
-
-def _no_autograd(c: _Canon) -> bool:
-    """No gradient will be asked of this call (inference, decode steps)."""
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in (c.q, c.k, c.v)))
-
-
-def describe(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | Visibility | None = None,
-    dropout_p: float = 0.0,
-    is_causal: bool = False,
-    scale: float | None = None,
-    *,
-    enable_gqa: bool = False,
-    training: bool = True,
-    window: int | None = None,
-    document_ids: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_q: int | None = None,
-    block_k: int | None = None,
-    kernel: str | None = None,
-) -> PlanInfo:
-    """What :func:`tiled_attention` would do with these arguments (same signature), without computing.
-
-    >>> q = torch.randn(1, 2, 4096, 64)
-    >>> describe(q, q, q, is_causal=True)
-    PlanInfo(kernel='vendor', reason='fused kernel', strategy='causal', calls=1, computed_fraction=0.5001220703125)
-    """
-    c, dropout_p = _canonical(
-        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, training, window, document_ids
-    )
-    bq, bk = _blocks(block_q, block_k)
-    # keys/values are scanned here even where the call defers that scan to its output (same verdict)
-    name, reason = engine.choose_kernel(
-        c.q, c.k, c.v, c.vis, dropout_p=dropout_p, mask_grad=c.mask is not None, kernel=kernel
-    )
-    plan = make_plan(c.vis, bq, bk, every_tile=c.mask is not None, **band_options(c.q.device.type, name, bq))
-    total = max(1, c.vis.q_len * c.vis.k_len)
-    return PlanInfo(name, reason, plan.strategy, len(plan.calls), plan.entries() / total)
-
-
-def computed_fraction(
-    q_len: int,
-    k_len: int,
-    *,
-    is_causal: bool = False,
-    window: int | None = None,
-    document_ids: torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None = None,
-    block_q: int | None = None,
-    block_k: int | None = None,
-) -> float:
-    """Fraction of the Tq × Tk score entries the tiled path hands to a kernel (the rest is skipped).
-
-    Pure integer arithmetic on the block plan (no timing, no randomness); a causal square counts its lower
-    triangle (the kernel skips the rest).
-
-    >>> computed_fraction(4096, 4096)
-    1.0
-    >>> computed_fraction(4096, 4096, is_causal=True)      # the triangle and its diagonal
-    0.5001220703125
-    >>> f = computed_fraction(16384, 16384, window=512, block_q=128)
-    >>> round(f, 4), round(f * 16384 / 512, 2)   # W = 512: the band of W − 1 + block_q keys per row
-    (0.0383, 1.22)
-    """
-    for name, n in (("q_len", q_len), ("k_len", k_len)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"{name} must be an int >= 0, got {n!r}")
-    if window is not None:
-        window = check_positive_int("window", window)
-    check_bool("is_causal", is_causal)
-    q_doc, k_doc = _split_docs(document_ids, q_len, k_len)
-    if q_doc is not None:
-        q_doc, k_doc = q_doc.reshape(-1, q_len)[:1], k_doc.reshape(-1, k_len)[:1]
-    bq, bk = _blocks(block_q, block_k)
-    vis = Visibility(
-        q_len, k_len, is_causal=is_causal, window=window, q_doc=q_doc, k_doc=k_doc,
-        doc_offset=_per_doc(document_ids, is_causal, window) if q_doc is not None else None,
-    )  # fmt: skip
-    plan = make_plan(vis, bq, bk)
-    return plan.entries() / max(1, q_len * k_len)
