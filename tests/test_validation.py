@@ -114,6 +114,12 @@ BAD_INPUTS = [
     ),
     ("mask_nan", dict(attn_mask=torch.full((5, 7), float("nan"))), ValueError, r"attn_mask contains NaN"),
     (
+        "mask_posinf",
+        dict(attn_mask=torch.full((5, 7), float("inf"))),
+        ValueError,
+        r"attn_mask contains \+inf",
+    ),
+    (
         "mask_on_meta",
         dict(attn_mask=t(5, 7, dtype=torch.bool, device="meta")),
         ValueError,

@@ -264,6 +264,11 @@ def check_mask(
     if attn_mask.is_floating_point() and attn_mask.numel() > 0:
         if bool(torch.isnan(attn_mask).any()):
             raise ArgumentValueError("attn_mask contains NaN; use -inf to hide a key, 0 to keep it")
+        if bool((attn_mask == math.inf).any()):
+            raise ArgumentValueError(
+                "attn_mask contains +inf: softmax of a +inf score is NaN; use -inf to hide a key, 0 to keep "
+                "it (a large finite value to favour one)"
+            )
         ones = attn_mask == 1
         if bool(ones.any()) and bool((ones | (attn_mask == 0)).all()):
             warnings.warn(

@@ -131,7 +131,7 @@ def _plain_call(query, key, value, causal: bool, scale: float) -> torch.Tensor |
     """One vendor-kernel call without a mask (``causal``: on the diagonal, Tq == Tk), or None when the
     kernel does not serve these inputs or one of them holds a NaN/inf — then the engine, which handles
     them exactly, computes the call."""
-    from .kernels import vendor
+    from .kernels import pool, vendor
 
     c = vendor.compute_dtype(query.device, query.dtype)
     if vendor.unavailable(query.device, c) is not None or query.numel() == 0 or key.numel() == 0:
@@ -140,8 +140,11 @@ def _plain_call(query, key, value, causal: bool, scale: float) -> torch.Tensor |
         return None
     # finite inputs: the fused kernel is exact (a NaN/inf query row would come back as out 0, a non-finite
     # key or value may leak through 0 · NaN). Checked before the call, while the inputs are in the
-    # caches and the kernel has not yet streamed them out (each op right after it costs several times more)
-    if not math.isfinite(query.sum().add_(key.sum()).add_(value.sum()).item()):
+    # caches and the kernel has not yet streamed them out (each op right after it costs several times more);
+    # on this thread alone: three parallel sums would each wait for a core another process keeps busy
+    with pool.serial():
+        finite = math.isfinite(query.sum().add_(key.sum()).add_(value.sum()).item())
+    if not finite:
         return None
     out, _ = vendor.forward(
         *(t if t.dtype == c else t.to(c) for t in (query, key, value)), None, causal, scale
