@@ -17,9 +17,11 @@ T = 1024
 q, k, v = (torch.randn(1, 8, T, 64) for _ in range(3))
 for causal in (False, True):
     fs = {
-        "ours": lambda: sa.scaled_dot_product_attention(q, k, v, is_causal=causal, backend="tiled"),
-        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-        "vendor": lambda: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        "ours": lambda causal=causal: sa.scaled_dot_product_attention(
+            q, k, v, is_causal=causal, backend="tiled"
+        ),
+        "sdpa": lambda causal=causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        "vendor": lambda causal=causal: torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, causal, scale=0.125
         ),
     }
