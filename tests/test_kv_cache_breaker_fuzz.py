@@ -52,7 +52,10 @@ def oracle(
             kn = k[b].double()
             if cos is not None:
                 kn = rot(kn, cos, sin, [n + i for i in range(new)], inter)
-                if causal or window != (-1, -1):
+                # flash-attn (mha_fwd_kvcache): a window side as long as the cache counts as infinite, and
+                # only a causal or local call places q at its own positions
+                local = any(0 <= w < K.shape[0] for w in window)
+                if causal or local:
                     qb = rot(qb, cos, sin, [n + i for i in range(Tq)], inter)
                 else:
                     qb = rot(qb, cos, sin, [n] * Tq, inter)
