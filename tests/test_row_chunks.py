@@ -136,7 +136,7 @@ def test_one_thread_runs_in_order(monkeypatch):
         q = torch.randn(1, 2, 130, 16)
         bm = create_block_mask(_dilated, None, None, 130, 130, BLOCK_SIZE=16)
         prob = sa.kernels.engine.make_problem(q, q, q, sa.visibility.Visibility(130, 130), 0.25)
-        assert row_chunks.chunked(prob, q, q) is None
+        assert row_chunks.chunked(prob, q) is None
         out = flex_attention(q, q, q, block_mask=bm)
         assert out.shape == (1, 2, 130, 16)
     finally:

@@ -166,7 +166,7 @@ def forward(
         a.r1 <= c.r0 for a, c in zip(calls, calls[1:], strict=False)
     ):
         return _concatenated(prob, q, k, v)
-    chunks = row_chunks.chunked(prob, q, k)
+    chunks = row_chunks.chunked(prob, q)
     if chunks is not None:  # many calls on CPU: chunks of rows on single-threaded workers
         return row_chunks.forward_chunks(prob, q, k, v, chunks)
     # not zero-filled: every row is written by its first call, and the rows of no call are filled there
@@ -256,7 +256,7 @@ def backward(
             dout, q, k, v, out, lse, call_ops.tile(prob, call, q.device), call.causal, prob.scale
         )
         return gq, gk, gv, None
-    chunks = None if prob.mask_grad else row_chunks.chunked(prob, q, k)
+    chunks = None if prob.mask_grad else row_chunks.chunked(prob, q)
     if chunks is not None:  # many calls on CPU: chunks of rows on single-threaded workers
         return (*row_chunks.backward_chunks(prob, calls, dout, q, k, v, out, lse, chunks), None)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)

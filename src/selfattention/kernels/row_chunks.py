@@ -94,7 +94,7 @@ def run_calls(
         lse[:, :, lo + r0 : lo + r1] = -math.inf
 
 
-def chunked(prob: Problem, q: torch.Tensor, k: torch.Tensor) -> list[tuple[int, int]] | None:
+def chunked(prob: Problem, q: torch.Tensor) -> list[tuple[int, int]] | None:
     """The row chunks [lo, hi) of the plan's calls on the pool, or None where it runs in one thread's
     order: not CPU, one thread, under ``torch.compile``, a kernel other than the vendor's, calls that cannot
     be cut at any row, too little work, or too few row blocks."""

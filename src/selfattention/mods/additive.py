@@ -79,10 +79,6 @@ def _traced_additive(score_mod: Callable) -> bool:
     return _unit(outputs[0].args[0], score, depends)
 
 
-def _target(n: torch.fx.Node):
-    return n.target if n.op == "call_function" else (n.target if n.op == "call_method" else None)
-
-
 def _unit(n: torch.fx.Node, score: torch.fx.Node, depends: set) -> bool:
     """Whether node ``n`` is the score plus or minus score-free terms (coefficient exactly 1)."""
     while True:
@@ -93,18 +89,10 @@ def _unit(n: torch.fx.Node, score: torch.fx.Node, depends: set) -> bool:
         args = n.args
         if len(args) != 2:
             return False
-        a, c = args
-        free = lambda x: not (isinstance(x, torch.fx.Node) and x in depends)  # noqa: E731
-        t = _target(n)
-        if t in _ADD:
-            if isinstance(a, torch.fx.Node) and a in depends and free(c):
-                n = a
-                continue
-            if isinstance(c, torch.fx.Node) and c in depends and free(a):
-                n = c
-                continue
+        a, c = (x in depends if isinstance(x, torch.fx.Node) else False for x in args)
+        if n.target in _ADD and a != c:  # score-dependent + score-free, in either order
+            n = args[0] if a else args[1]
+        elif n.target in _SUB and a and not c:
+            n = args[0]
+        else:
             return False
-        if t in _SUB and isinstance(a, torch.fx.Node) and a in depends and free(c):
-            n = a
-            continue
-        return False
