@@ -32,6 +32,7 @@ from dataclasses import replace
 import torch
 
 from . import pool
+from .fast_exp import exp_
 from .plan import Call
 
 __all__ = [
@@ -153,7 +154,7 @@ def _one_head(head, m, bias, scale, do, q, k, v, lse, delta, dq, dk, dv) -> None
             s = torch.bmm(qg, kt) if bias is None else torch.baddbmm(bias, qg, kt, alpha=scale)
             if bias is None:
                 s.mul_(scale)
-            p = s.sub_(lg).exp_()
+            p = exp_(s.sub_(lg))
             _strided(dv, head.c0 + r, cnt, m * c, cols).add_(torch.bmm(p.transpose(1, 2), dog))
             ds = torch.bmm(dog, vg.transpose(1, 2)).sub_(dg).mul_(p)
             _strided(dq, head.r0 + r, cnt, m * c, c).add_(torch.bmm(ds, kg), alpha=scale)

@@ -27,6 +27,7 @@ import torch
 
 from .._validation import all_finite
 from . import vendor
+from .fast_exp import exp_
 
 __all__ = ["attention"]
 
@@ -49,7 +50,7 @@ class _DenseBias(torch.autograd.Function):
             s = s.add_(hidden)
         m = s.amax(dim=-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
-        p = s.sub_(m).exp_()
+        p = exp_(s.sub_(m))
         total = p.sum(dim=-1, keepdim=True)
         blind = total == 0
         total = torch.where(blind, torch.ones((), dtype=total.dtype, device=total.device), total)

@@ -12,7 +12,7 @@ one ``bmm`` of q with −ℓ as an extra column against kᵀ with a row of ones 
 tile with a bias, s + bias − ℓ is summed in that order instead, and a problem with a bias also sums each
 row's weights: rows where they do not sum to 1 — scores swamped by a −1e9 padding bias — are swept once
 more with −log Σ α as one more term); then
-``exp``, one sum over the rows (column sums), one product and one sum over the keys (entropy), and for
+``exp`` (:mod:`selfattention.kernels.fast_exp`), one sum over the rows (column sums), one product and one sum over the keys (entropy), and for
 top-k one ``amax`` over groups of 16 strided columns, the k best groups being ranked once per span of
 chunks. Tiles are ≤ 1 MiB so that these passes run from L2. The denormal guard (clamp, threshold) runs
 only on rows where a weight can fall below e^-87 (|q|·max|k| + ℓ bounds s − ℓ from below). The jobs —

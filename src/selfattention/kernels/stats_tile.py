@@ -22,6 +22,8 @@ from typing import List, Optional, Tuple  # noqa: UP035 — TorchScript reads th
 
 import torch
 
+from .fast_exp import exp_into
+
 __all__ = ["compiled", "row_tile", "topk_rounds"]
 
 
@@ -68,10 +70,12 @@ def span_topk(
     flats: List[torch.Tensor] = []  # noqa: UP006
     cols: List[torch.Tensor] = []  # noqa: UP006
     if len(groups) > 0:
-        gm = torch.cat(groups, dim=-1)  # (rows, M)
+        # (rows, M) log-weights; −inf raised to float32's lowest so that k rounds of max pick k distinct groups
+        # (a group at −inf or below that weighs 0 either way)
+        gm = torch.cat(groups, dim=-1).clamp_min(-3.4028234663852886e38)
         kk = min(k, gm.size(-1))
         if gm.size(-1) > kk:
-            gid = gm.topk(kk, dim=-1).indices
+            gid = topk_rounds(gm, kk)[1]  # (torch.topk: 1.1 µs a row of 512 group maxima, 4 × max: 0.2)
         else:
             gid = torch.arange(kk, device=dev).expand(rows, kk)
         c = torch.div(gid, per, rounding_mode="floor")
@@ -208,15 +212,15 @@ def row_tile(
             lg = torch.nan_to_num(
                 s, nan=0.0, neginf=0.0, out=c_buf[:m].view(n, g * r, w)
             )  # α log α = 0 at α = 0
-            torch.exp(s, out=p)
+            exp_into(s, p)
         elif safe and not masked:
             lg = s
-            torch.exp(s, out=p)  # a masked triangle gives exp(−inf) = 0; its α log α is set to 0 below
+            exp_into(s, p)  # a masked triangle gives exp(−inf) = 0; its α log α is set to 0 below
             fix_tri = a < j1
         else:
             # the log-weights floored (a copy: the scores stay as they are for top-k), their exp thresholded
             lg = torch.clamp_min(s, floor, out=c_buf[:m].view(n, g * r, w))
-            torch.exp(lg, out=p)
+            exp_into(lg, p)
             torch.threshold_(p, thr, 0.0)
         if cs is not None:
             cs[:, :, j0:j1] += p.view(n, g, r, w).sum(2)
