@@ -39,14 +39,22 @@ def hf_registered():
     torch.set_num_threads(threads)
 
 
-@pytest.fixture(params=["script", "python"])
+@pytest.fixture(params=["script", "python", "fused"])
 def small_stat_tiles(request, monkeypatch):
     """The statistics sweep's job scripted and in plain Python, with tiles small enough for several key
-    chunks, top-k spans and head groups at test sizes."""
-    from selfattention.kernels import stats, stats_tile
+    chunks, top-k spans and head groups at test sizes (the one-pass path for dense and causal problems
+    switched off); and ``fused``: that one-pass path (:mod:`selfattention.kernels.stats_fused`) on, with
+    row tiles of 8 rows, the sweep scripted for the problems it does not take."""
+    from selfattention.kernels import stats, stats_fused, stats_tile
 
-    fn = stats_tile.compiled() if request.param == "script" else stats_tile.row_tile
-    monkeypatch.setattr(stats_tile, "_COMPILED", [fn])
+    fns = (stats_tile.row_tile, stats_tile.row_topk)
+    if request.param != "python":
+        fns = tuple(stats_tile.compiled(fn) for fn in fns)
+    monkeypatch.setattr(stats_tile, "_COMPILED", dict(zip(("row_tile", "row_topk"), fns, strict=True)))
+    if request.param == "fused":
+        monkeypatch.setattr(stats_fused, "ROWS", 8)
+    else:
+        monkeypatch.setattr(stats_fused, "MAX_ROW_TILE", 0)
     monkeypatch.setattr(stats, "_ROWS", 8)
     monkeypatch.setattr(stats, "_COLS", 48)
     monkeypatch.setattr(stats, "_SPAN", 2)

@@ -24,7 +24,7 @@ import torch
 
 from .fast_exp import exp_into
 
-__all__ = ["compiled", "row_tile", "topk_rounds"]
+__all__ = ["compiled", "row_tile", "row_topk", "topk_rounds"]
 
 
 def topk_rounds(x: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:  # noqa: UP006
@@ -252,14 +252,35 @@ def row_tile(
     return cs
 
 
-_COMPILED: list = []
+def row_topk(
+    s_buf: torch.Tensor, rows: int, w: int, k: int, fill: float
+) -> Tuple[torch.Tensor, torch.Tensor]:  # noqa: UP006
+    """The k best (log-weights, key columns) of each row of the (rows, w) tile at the start of ``s_buf``,
+    largest first, (rows, k) each; where a row has fewer than k columns, ``fill`` and column −1 make up
+    the rest (one whole-row chunk of :func:`span_topk`)."""
+    group = 16
+    mg = w // group
+    groups: List[torch.Tensor] = []  # noqa: UP006
+    if mg > 0:
+        flat = s_buf[: rows * w].view(rows, w)
+        groups.append(flat[:, : group * mg].unflatten(-1, (group, mg)).amax(-2))
+    vals, cols = span_topk(s_buf, groups, rows, w, [(0, w)], k)
+    if vals.size(-1) < k:
+        pad = k - vals.size(-1)
+        vals = torch.cat([vals, torch.full((rows, pad), fill, dtype=vals.dtype, device=vals.device)], -1)
+        cols = torch.cat([cols, torch.full((rows, pad), -1, dtype=cols.dtype, device=cols.device)], -1)
+    vals, pick = topk_rounds(vals, k)  # largest first (span_topk leaves ≤ k candidates unsorted)
+    return vals, cols.gather(-1, pick)
 
 
-def compiled():
-    """``row_tile`` compiled by TorchScript (runs without the GIL), or the Python function itself where
-    scripting fails or ``SELFATTENTION_NO_SCRIPT=1``."""
-    if not _COMPILED:
-        fn = row_tile
+_COMPILED: dict = {}
+
+
+def compiled(fn=row_tile):
+    """``fn`` (:func:`row_tile` or :func:`row_topk`) compiled by TorchScript (runs without the GIL), or the
+    Python function itself where scripting fails or ``SELFATTENTION_NO_SCRIPT=1``."""
+    if fn.__name__ not in _COMPILED:
+        out = fn
         if os.environ.get("SELFATTENTION_NO_SCRIPT", "") not in ("1", "true", "yes"):
             try:
                 with warnings.catch_warnings():
@@ -267,8 +288,8 @@ def compiled():
                     # at run time and seconds per shape; the scripted function is only a GIL-free loop
                     warnings.simplefilter("ignore", DeprecationWarning)
                     warnings.simplefilter("ignore", FutureWarning)
-                    fn = torch.jit.script(row_tile)
+                    out = torch.jit.script(fn)
             except Exception:  # noqa: BLE001 — any scripting failure: the same function, uncompiled
-                fn = row_tile
-        _COMPILED.append(fn)
-    return _COMPILED[0]
+                out = fn
+        _COMPILED[fn.__name__] = out
+    return _COMPILED[fn.__name__]
