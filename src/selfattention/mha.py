@@ -27,7 +27,7 @@ from torch.nn.attention.bias import CausalBias
 from . import _hooks
 from . import functional as F
 from ._validation import check_bool, check_dropout, check_positive_int, from_causal_bias, symbolic
-from .backends import scaled_dot_product_attention
+from .backends import get_backend, scaled_dot_product_attention
 from .kv_cache import KVCache
 from .visibility import Visibility
 
@@ -176,6 +176,8 @@ class MultiHeadAttention(nn.Module):
         self.dropout = check_dropout(dropout)
         if backend is not None and not isinstance(backend, str):
             raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
+        if backend is not None:
+            get_backend(backend)  # an unknown name fails here, not at the first forward
         self.backend = backend
         kv_dim = self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)

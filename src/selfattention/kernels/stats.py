@@ -1,5 +1,8 @@
 """Statistics of the attention weights without the n × n matrix: one sweep over the engine's block plan.
 
+(Dense and plain causal problems with moderate scores take :mod:`.stats_fused` instead, which forms the
+scores once for the output and the statistics together; this sweep serves every other plan.)
+
 Given the final log-sum-exp ℓ of every query row (from the kernel's forward), the weights of a tile are
 α = exp(S − ℓ) exactly, so a second sweep over the same calls (skipped blocks stay skipped) gives:
 
