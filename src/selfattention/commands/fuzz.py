@@ -31,7 +31,9 @@ def fuzz(
 
     total = minutes * 60 if minutes is not None else seconds
     if not total > 0:
-        raise UsageError(_("--seconds / --minutes: the fuzzing time must be positive, got {value:g} s").format(value=total))
+        raise UsageError(
+            _("--seconds / --minutes: the fuzzing time must be positive, got {value:g} s").format(value=total)
+        )
     if json_path is not None and json_path.parent and not json_path.parent.is_dir():
         raise UsageError(
             _("cannot write the report to {path}: folder {folder} does not exist").format(
