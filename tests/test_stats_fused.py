@@ -113,3 +113,27 @@ def test_bfloat16_within_twice_the_naive_error(taken):
     naive = torch.softmax((qb @ kb.transpose(-1, -2) / math.sqrt(32)).masked_fill(~mask, -math.inf), -1) @ vb
     assert (out.double() - r_out).abs().max() <= 2 * (naive.double() - r_out).abs().max()
     assert torch.allclose(st.entropy.double(), r_ent, atol=1e-4)
+
+
+def test_a_negative_scale_counts_by_its_size(taken):
+    """The eligibility bound uses |scale|: scale = −30 gives scores of hundreds (weights below float's
+    smallest normal), which the sweep serves, with no denormal in any statistic."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 16, 8, generator=g) for _ in range(3))
+    _, st = tiled_attention_with_stats(q, k, v, scale=-30.0, top_k=16)
+    assert taken[0] == 0
+    tiny = torch.finfo(torch.float32).tiny
+    for t in (st.topk_weights, st.column_sums, st.entropy):
+        assert not ((t != 0) & (t.abs() < tiny)).any()
+
+
+def test_scores_of_a_million_still_give_weights_that_sum_to_one():
+    """ℓ ≈ 10⁶ is known to ulp(ℓ) = 0.06 only: the sweep used to return top weights of 1.28 and column sums
+    summing to more than Tq; rows whose weights do not sum to 1 are now swept again."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 4, 2, generator=g) for _ in range(3))
+    _, st = tiled_attention_with_stats(q, k, v, scale=1e6, top_k=2)
+    s = q.double() @ k.double().transpose(-1, -2) * 1e6
+    w = torch.softmax(s, -1)
+    assert torch.allclose(st.topk_weights[..., 0].double(), w.amax(-1), atol=1e-4)
+    assert torch.allclose(st.column_sums.double(), w.sum(-2), atol=1e-4)

@@ -13,7 +13,7 @@ formed once: per (batch, key/value head, 64 query rows of its G query heads), wi
 — two matrix products per score (as in any attention kernel) instead of three, and ``exp2`` of scores that
 are base-2 from the product (4× faster than ``exp`` on CPU, see :mod:`.fast_exp`). The row tile's scores are kept whole (G·64 rows × the keys they see), so
 the path is taken only while that stays ≤ :data:`MAX_ROW_TILE` elements (T ≤ 16384 for G = 1), and only
-where no weight can fall below float's smallest normal (|s − m| ≤ 2·max|q|·max|k|·scale·log₂e, plus
+where no weight can fall below float's smallest normal (|s − m| ≤ 2·max|q|·max|k|·|scale|·log₂e, plus
 log₂ Tk, under 125): every weight is then a normal float, so nothing needs the sweep's clamps. Any other
 problem (a mask, a window, a bias, NaN/inf, huge scores, CUDA) gets ``None`` and takes the general route.
 
@@ -64,7 +64,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prob: Problem) -
     qmax, kmax = q.norm(dim=-1).amax(), k.norm(dim=-1).amax()
     if not (bool(torch.isfinite(qmax)) and bool(torch.isfinite(kmax)) and bool(torch.isfinite(v.sum()))):
         return False
-    reach = 2.0 * float(qmax) * float(kmax) * prob.scale * _LOG2E + math.log2(max(tk, 1))
+    reach = 2.0 * float(qmax) * float(kmax) * abs(prob.scale) * _LOG2E + math.log2(max(tk, 1))
     return reach < 125.0
 
 
