@@ -192,7 +192,20 @@ def test_recognised_mods_keep_the_fast_plans():
     assert p.strategy == "documents" and p.calls == 3  # one causal call per sequence
     p = plan(mods.and_masks(mods.causal_mask, mods.document_mask(torch.arange(256) // 64)))
     assert p.strategy == "documents" and p.calls == 1  # four equal documents stacked into one call
-    assert plan(mods.prefix_lm(64)).strategy == "blocks"
+    assert (plan(mods.prefix_lm(64)).strategy, plan(mods.prefix_lm(64)).calls) == ("prefix-LM", 2)
+    assert plan(mods.or_masks(mods.causal_mask, lambda b, h, q, kv: kv < 64)).strategy == "blocks"
+
+
+@pytest.mark.parametrize(
+    "prefix, t, tk", [(0, 37, 37), (13, 37, 37), (37, 37, 37), (50, 37, 37), (9, 30, 41)]
+)
+def test_prefix_lm_two_calls_match_float64(prefix, t, tk):
+    """prefix-LM as the prefix rectangle plus the causal square after it (or the generic plan, Tq ≠ Tk):
+    output, lse and gradients against the float64 oracle, odd sizes, GQA, blocks that do not divide T."""
+    g = torch.Generator().manual_seed(prefix + t)
+    q = torch.randn(2, 4, t, 16, generator=g, requires_grad=True)
+    k, v = (torch.randn(2, 2, tk, 16, generator=g, requires_grad=True) for _ in range(2))
+    check(q, k, v, mods.prefix_lm(prefix), block=16, gqa=True)
 
 
 def test_packed_sequences_have_flash_varlen_semantics():

@@ -115,6 +115,10 @@ def make_plan(
     if every_tile and vis.attn_mask is not None:
         return _generic(vis, block_q, block_k, plan, every_tile=True)
     if vis.mod is not None:  # a mask_mod / score bias: blocks classified by evaluating it
+        prefix = _prefix_lm(vis, block_q, block_k)
+        if prefix is not None:
+            plan.calls, plan.strategy = prefix, "prefix-LM"
+            return plan
         return _generic(vis, block_q, block_k, plan, every_tile=vis.mod.score_bias is not None)
     if vis.q_doc is None and _row_independent(vis):
         band = (band_rows or block_q, band_align)
@@ -130,6 +134,45 @@ def make_plan(
         # a dense mask that hides no whole block: one call with the whole bias beats a call per block
         plan.calls, plan.strategy = [Call(0, tq, 0, tk, tile=True)], "single"
     return plan
+
+
+def _prefix_lm(vis: Visibility, bq: int, bk: int) -> list[Call] | None:
+    """Two calls for :func:`selfattention.mods.prefix_lm` (keys < P seen by all, causal after), when it is
+    the whole visibility of a square problem: every row × the P prefix keys, and the causal square on
+    the diagonal after them — instead of a rectangle, a tile and a merge per row block::
+
+        keys:  P P | 3 4 5        rows 0–2 see keys 0–1 (the prefix, call 1) and the diagonal of keys 2..
+        row 2  1 1 | 1 0 0        (call 2: rows ≥ P × keys ≥ P, the kernel's own causal square; rows < P
+        row 3  1 1 | 1 1 0        see no key ≥ P there: for them the causal square starts at P)
+        row 4  1 1 | 1 1 1
+
+    None where the predicate is anything else, or its block table (a BlockMask's) disagrees with that
+    structure."""
+    from ..mods.masks import PrefixLM  # (core: the mask mods; imported here only to recognise one)
+
+    mod = vis.mod
+    if (
+        not isinstance(mod.mask_mod, PrefixLM)
+        or mod.score_bias is not None
+        or vis.structural
+        or vis.attn_mask is not None
+        or vis.q_doc is not None
+        or vis.q_len != vis.k_len
+    ):
+        return None
+    t, p = vis.q_len, max(0, min(int(mod.mask_mod.prefix_len), vis.k_len))
+    if mod.block_kinds is not None:  # a BlockMask's table: FULL shows a block whatever the mod says
+        rows, cols, table = _grid(vis, bq, bk)
+        for (i0, i1), kinds in zip(rows, table, strict=True):
+            for (j0, j1), kind in zip(cols, kinds, strict=True):
+                full = j1 <= p or j1 - 1 <= i0
+                skip = j0 >= p and j0 > i1 - 1
+                if (kind == SKIP) != skip or (kind == FULL and not full):
+                    return None
+    if p >= t:
+        return [Call(0, t, 0, t)]
+    calls = [Call(0, t, 0, p)] if p > 0 else []
+    return calls + [Call(p, t - p, p, t - p, causal=True)]
 
 
 def _covers_everything(plan: Plan, tq: int, tk: int) -> bool:
