@@ -115,8 +115,22 @@ def chunked(prob: Problem, q: torch.Tensor) -> list[tuple[int, int]] | None:
     n = min(blocks, PIECES * threads)
     if n < 2 * threads:
         return None
-    bounds = [min(tq, (blocks * i // n) * bq) for i in range(n + 1)]
-    return [(a, z) for a, z in zip(bounds, bounds[1:], strict=False) if z > a]
+    # cut at row blocks into chunks of about equal work (a causal-like plan's last rows see the most keys:
+    # equal row counts left one worker 10 of 16 parts of the work), heaviest first so that the workers
+    # finish together
+    work = [0] * blocks
+    for c in calls:
+        for blk in range(c.r0 // bq, -(-c.r1 // bq)):
+            work[blk] += (min(c.r1, (blk + 1) * bq) - max(c.r0, blk * bq)) * c.cols
+    total, bounds, acc = sum(work), [0], 0
+    for blk, w in enumerate(work[:-1]):
+        acc += w
+        if acc * n >= total * len(bounds) and len(bounds) < n:
+            bounds.append((blk + 1) * bq)
+    bounds.append(tq)
+    chunks = [(a, z) for a, z in zip(bounds, bounds[1:], strict=False) if z > a]
+    weight = {ch: sum(work[ch[0] // bq : -(-ch[1] // bq)]) for ch in chunks}
+    return sorted(chunks, key=lambda ch: -weight[ch])
 
 
 def _pieces(calls: list[Call], lo: int, hi: int) -> list[Call]:
