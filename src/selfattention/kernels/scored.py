@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from .._validation import all_finite
 from ..functional import guarded_pv
 from ..visibility import Visibility, evaluate_mod, index_tiles
+from . import fast_exp
 from .plan import row_spans
 
 __all__ = ["attention"]
@@ -63,7 +64,7 @@ def _block(vis: Visibility, scale: float, score_mod: Callable, i0: int, c0: int,
         s = torch.where(hidden, torch.full((), -math.inf, dtype=s.dtype, device=s.device), s)
     m = s.detach().amax(dim=-1, keepdim=True)
     m_ref = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype, device=m.device))
-    e = torch.exp(s - m_ref)
+    e = fast_exp.exp_(s - m_ref)  # in place on the difference (autograd keeps exp2's output)
     total = e.sum(dim=-1, keepdim=True)
     blind = total == 0
     one = torch.ones((), dtype=total.dtype, device=total.device)
