@@ -280,15 +280,14 @@ def tiled_attention_with_stats(
         prob = engine.make_problem(c.q, c.k, c.v, c.vis, c.scale, kernel=kernel, block_q=bq, block_k=bk)
         with torch.no_grad():
             q, k, v = (t.to(prob.compute).contiguous() for t in (c.q, c.k, c.v))
+            qa, ka = q.to(acc), k.to(acc)
             # dense or plain causal with moderate scores: the output and the statistics from one pass
-            fused = stats_fused.attention_with_stats(
-                q.to(acc), k.to(acc), v.to(acc), prob, top_k, column_sums
-            )
+            fused = stats_fused.attention_with_stats(qa, ka, v.to(acc), prob, top_k, column_sums)
             if fused is not None:
                 out4, lse, ent, tw, ti, cs = fused
             else:
                 out4, lse = engine.forward(q, k, v, prob)
-                ent, tw, ti, cs = sweep(q.to(acc), k.to(acc), lse.to(acc), prob, top_k, column_sums)
+                ent, tw, ti, cs = sweep(qa, ka, lse.to(acc), prob, top_k, column_sums)
                 lse = lse.to(acc)
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (query, key, value, attn_mask)

@@ -28,7 +28,7 @@ from typing import TypeVar
 
 import torch
 
-__all__ = ["run", "serial"]
+__all__ = ["run", "scratch", "serial"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -112,3 +112,33 @@ def serial() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(n)
+
+
+_LOCAL = threading.local()
+
+
+def scratch(
+    name: str, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """Flat buffers of at least ``sizes`` elements, kept per thread under ``name`` (a worker's scratch tiles:
+    a fresh multi-MiB tile per job costs page faults on every allocation, more than the ops on it). They
+    only grow; any dtype or device change makes new ones. Made outside inference mode, so that calls made
+    later under grad mode may write them.
+
+    >>> a, b = scratch("doc", (4, 8), torch.float32, torch.device("cpu"))
+    >>> a.numel() >= 4 and b.numel() >= 8, scratch("doc", (2, 2), torch.float32, torch.device("cpu"))[0] is a
+    (True, True)
+    """
+    store = _LOCAL.__dict__.setdefault("scratch", {})
+    bufs = store.get(name)
+    same = (
+        bufs is not None and len(bufs) == len(sizes) and bufs[0].dtype == dtype and bufs[0].device == device
+    )
+    if not same or any(b.numel() < n for b, n in zip(bufs, sizes, strict=True)):
+        old = [b.numel() for b in bufs] if same else [0] * len(sizes)
+        with torch.inference_mode(False):
+            bufs = tuple(
+                torch.empty(max(n, o), dtype=dtype, device=device) for n, o in zip(sizes, old, strict=True)
+            )
+        store[name] = bufs
+    return bufs

@@ -15,8 +15,8 @@ one ``bmm`` of q with −ℓ as an extra column against kᵀ with a row of ones 
 tile with a bias, s + bias − ℓ is summed in that order instead, and a problem with a bias also sums each
 row's weights: rows where they do not sum to 1 — scores swamped by a −1e9 padding bias — are swept once
 more with −log Σ α as one more term); then
-``exp`` (:mod:`selfattention.kernels.fast_exp`), one sum over the rows (column sums), one product and one sum over the keys (entropy), and for
-top-k one ``amax`` over groups of 16 strided columns, the k best groups being ranked once per span of
+``exp`` (:mod:`selfattention.kernels.fast_exp`), one sum over the rows (column sums), one product and one
+sum over the keys (entropy), and for top-k one ``amax`` over groups of 16 strided columns, the k best groups being ranked once per span of
 chunks. Tiles are ≤ 1 MiB so that these passes run from L2. The denormal guard (clamp, threshold) runs
 only on rows where a weight can fall below e^-87 (|q|·max|k| + ℓ bounds s − ℓ from below). The jobs —
 a few heads × a row tile — run on single-threaded workers (:mod:`selfattention.kernels.pool`), so that a
@@ -37,7 +37,6 @@ docs/performance.md and benchmarks/stats_parts.py.
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -215,7 +214,8 @@ def _sweep_view(qv, kv, nl, cr, bias, call, top_k: int, columns: bool, blind: bo
         n_rows = (h1 - h0) * g * (i1 - i0)
         wmax = max((j1 - j0 for j0, j1 in chunks), default=0)
         span = min(_SPAN, len(chunks)) if top_k else 1
-        s_buf, p_buf, c_buf = _scratch((max(span, 1) * n_rows * wmax, n_rows * wmax), qv.dtype, qv.device)
+        tile = n_rows * wmax
+        s_buf, p_buf, c_buf = pool.scratch("stats", (max(span, 1) * tile, tile, tile), qv.dtype, qv.device)
         return fn(
             q5, kt, bias5, nl5, safe, ent, zs, tv, ti, base, above, s_buf, p_buf, c_buf,
             bi, h0, h1, i0, i1, chunks, call.causal, top_k, columns, blind, finite, floor, max(span, 1),
@@ -236,32 +236,6 @@ def _sweep_view(qv, kv, nl, cr, bias, call, top_k: int, columns: bool, blind: bo
 def _floor(dtype: torch.dtype) -> float:
     """The lowest log-weight kept: below it exp gives a denormal (60× slower on x86), so such weights are 0."""
     return float(math.ceil(math.log(torch.finfo(dtype).tiny)))
-
-
-_LOCAL = threading.local()
-
-
-def _scratch(sizes: tuple[int, int], dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """Buffers (span tiles, tile, tile) of at least ``sizes`` elements, kept per thread: a fresh tile per
-    chunk costs page faults on every allocation (large blocks come from mmap), more than the ops on it."""
-    bufs = getattr(_LOCAL, "bufs", None)
-    if (
-        bufs is None
-        or bufs[0].numel() < sizes[0]
-        or bufs[1].numel() < sizes[1]
-        or bufs[0].dtype != dtype
-        or bufs[0].device != device
-    ):
-        n0 = max(sizes[0], 0 if bufs is None or bufs[0].dtype != dtype else bufs[0].numel())
-        n1 = max(sizes[1], 0 if bufs is None or bufs[0].dtype != dtype else bufs[1].numel())
-        with torch.inference_mode(False):  # made under inference mode, they would refuse later calls' writes
-            bufs = (
-                torch.empty(n0, dtype=dtype, device=device),
-                torch.empty(n1, dtype=dtype, device=device),
-                torch.empty(n1, dtype=dtype, device=device),
-            )
-        _LOCAL.bufs = bufs
-    return bufs
 
 
 _ABOVE: dict[torch.device, torch.Tensor] = {}

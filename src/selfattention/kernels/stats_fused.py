@@ -11,8 +11,8 @@ formed once: per (batch, key/value head, 64 query rows of its G query heads), wi
     top-k: the k largest s_j (groups of 16 strided columns first, as in the sweep), weight p_j / l
 
 — two matrix products per score (as in any attention kernel) instead of three, and ``exp2`` of scores that
-are base-2 from the product (4× faster than ``exp`` on CPU, see :mod:`.fast_exp`). The row tile's scores are kept whole (G·64 rows × the keys they see), so
-the path is taken only while that stays ≤ :data:`MAX_ROW_TILE` elements (T ≤ 16384 for G = 1), and only
+are base-2 from the product (4× faster than ``exp`` on CPU, see :mod:`.fast_exp`). The row tile's scores
+are kept whole (G·64 rows × the keys they see; per-thread buffers, :func:`.pool.scratch`), so the path is taken only while that stays ≤ :data:`MAX_ROW_TILE` elements (T ≤ 16384 for G = 1), and only
 where no weight can fall below float's smallest normal (|s − m| ≤ 2·max|q|·max|k|·|scale|·log₂e, plus
 log₂ Tk, under 125): every weight is then a normal float, so nothing needs the sweep's clamps. Any other
 problem (a mask, a window, a bias, NaN/inf, huge scores, CUDA) gets ``None`` and takes the general route.
@@ -23,7 +23,6 @@ Source: lecture 003's softmax(Q Kᵀ/√d_k) V written out per row; the statisti
 from __future__ import annotations
 
 import math
-import threading
 from typing import TYPE_CHECKING
 
 import torch
@@ -106,7 +105,7 @@ def attention_with_stats(
         bi, h0, h1, i0, i1 = job
         n, r = h1 - h0, i1 - i0
         w, rows = (i1 if causal else tk), n * g * r
-        s_buf, p_buf = _scratch(rows * w, q.dtype, q.device)
+        s_buf, p_buf = pool.scratch("stats_fused", (rows * w, rows * w), q.dtype, q.device)
         qb = qs[bi, h0:h1, :, i0:i1].reshape(n, g * r, -1)
         s = torch.bmm(qb, kt[bi, h0:h1, :, :w], out=s_buf[: rows * w].view(n, g * r, w))
         if causal:  # keys i0 … i1 − 1 form the square on the diagonal
@@ -144,17 +143,3 @@ def attention_with_stats(
         ti.view(b, h, tq, top_k),
         None if cs is None else cs.view(b, h, tk),
     )
-
-
-_LOCAL = threading.local()
-
-
-def _scratch(n: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two buffers of at least ``n`` elements, kept per thread (a fresh 4 MiB tile per job would cost page
-    faults on every allocation)."""
-    bufs = getattr(_LOCAL, "bufs", None)
-    if bufs is None or bufs[0].numel() < n or bufs[0].dtype != dtype or bufs[0].device != device:
-        with torch.inference_mode(False):  # made under inference mode, they would refuse later calls' writes
-            bufs = (torch.empty(n, dtype=dtype, device=device), torch.empty(n, dtype=dtype, device=device))
-        _LOCAL.bufs = bufs
-    return bufs
