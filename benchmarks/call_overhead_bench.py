@@ -1,5 +1,7 @@
 """One dense and one causal call at T = 1024 (H = 8, D = 64, float32): this library's tiled backend vs torch SDPA vs
-the bare vendor op it calls, 30 interleaved rounds, medians (the per-call overhead around the kernel).
+the bare vendor op it calls, 30 interleaved rounds, medians (the per-call overhead around the kernel). The order
+of the three rotates every round: the first op after a 10 ms kernel runs on caches the kernel emptied (tens of
+µs more, measured here), so a contender that always follows the bare vendor op would pay that for it.
 
     .venv/bin/python benchmarks/call_overhead_bench.py
 """
@@ -29,8 +31,10 @@ for causal in (False, True):
         f()
         f()
     ts = {n: [] for n in fs}
-    for _ in range(30):
-        for n, f in fs.items():
+    names = list(fs)
+    for r in range(30):
+        for n in names[r % 3 :] + names[: r % 3]:
+            f = fs[n]
             t0 = time.perf_counter()
             f()
             ts[n].append(time.perf_counter() - t0)

@@ -23,6 +23,13 @@ Usage::
 
 from __future__ import annotations
 
+import os
+
+# MKL's dynamic threading ran the 2048² reference matmul on one of the two threads in some processes and
+# on both in others (108 vs 172 GFLOP/s measured here, 2026-12-02): with it off the rate is the machine's.
+# Set before torch loads MKL; every contender of the run shares the setting. Override from the shell.
+os.environ.setdefault("MKL_DYNAMIC", "FALSE")
+
 import argparse
 import statistics
 import time
@@ -47,9 +54,10 @@ def _interleaved(contenders: dict, rounds: int) -> dict:
     for fn in contenders.values():  # warm-up
         fn()
     times = {name: [] for name in contenders}
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            times[name].append(_time(fn))
+    names = list(contenders)
+    for r in range(rounds):  # the order rotates: no contender always runs right after the same other one
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times[name].append(_time(contenders[name]))
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
@@ -172,7 +180,10 @@ def case_rate(
     fwd, fb = measure()
     work = 4 * d * pairs
     peer = 4 * d * h * tp * (tp + 1) / 2
-    print(f"\n{name}: T={t}, H={h}, D={d}; float32 matmul rate {rate / 1e9:.1f} GFLOP/s (2048² matmul)")
+    print(
+        f"\n{name}: T={t}, H={h}, D={d}; float32 matmul rate {rate / 1e9:.1f} GFLOP/s (2048² matmul, "
+        f"MKL_DYNAMIC={os.environ.get('MKL_DYNAMIC')})"
+    )
     print("  (fraction = work / time / matmul rate; work = 4·D·pairs forward, × 2.5 forward+backward)")
     for label, sec, w in (
         ("ours fwd", fwd["ours"], work),

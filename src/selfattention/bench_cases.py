@@ -162,11 +162,15 @@ def measure_case(spec: dict) -> None:
     contended = bool(spec.get("contended")) and repeats > 0
     spinner = Spinner() if contended else None
     try:
-        for _ in range(repeats):
+        names = list(impls)
+        for r in range(repeats):
             for mode in ("quiet", "busy") if contended else ("quiet",):
                 if spinner is not None:
                     spinner.busy(mode == "busy")
-                for name, fn in impls.items():
+                # the order rotates every round: the first op after a long kernel runs on emptied caches,
+                # so a fixed order would charge that to whoever always comes second
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    fn = impls[name]
                     samples = (busy_times if mode == "busy" else times)[name]
                     if name in once and (mode == "quiet" or samples):  # the slow peer: one busy sample
                         continue
