@@ -372,3 +372,49 @@ def test_inference_mode_calls_and_the_calls_after_them(threads):
         assert torch.allclose(again.entropy, ref[0].entropy, atol=1e-5)
     finally:
         torch.set_num_threads(before)
+
+
+# --- defect found (fixed): scores of 10⁹ and more ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [1e9, 1e12], ids=str)
+@pytest.mark.parametrize("case", ["dense", "causal", "window", "gqa-tq<tk", "bias"], ids=str)
+@pytest.mark.parametrize("top_k", [0, 3])
+def test_scores_of_a_billion_give_weights_one_hot_on_the_largest_score(small_tiles, scale, case, top_k):
+    """Scores of 10⁹ and more: ℓ is known only to ulp(ℓ) ≥ 64 in float32, so exp(s − ℓ) under- or overflowed
+    on every key of a row: the top weight came out 0 (not 1), column sums 0 and the entropy 0 by accident.
+    Such rows are now swept with their largest score as ℓ. Oracle: float64 softmax of the same scores
+    (random scores of 10⁹ differ by far more than ulp, so the weights are one-hot)."""
+    b, h, hk, tq, tk = 1, 4, 4, 37, 37
+    window, causal, bias = None, False, None
+    if case == "gqa-tq<tk":
+        hk, tk = 2, 53
+    q, k, v = (
+        _rand(b, h, tq, 8, dtype=torch.float32, seed=1),
+        _rand(b, hk, tk, 8, dtype=torch.float32, seed=2),
+        _rand(b, hk, tk, 5, dtype=torch.float32, seed=3),
+    )
+    vis = torch.ones(1, 1, tq, tk, dtype=torch.bool)
+    if case in ("causal", "window"):
+        causal = True
+        vis = vis.tril()
+    if case == "window":
+        window = 5
+        vis = vis & ~torch.ones(tq, tk, dtype=torch.bool).tril(-window)
+    if case == "bias":
+        bias = _rand(1, 1, tq, tk, dtype=torch.float32, seed=4)
+    out, st = tiled_attention_with_stats(
+        q, k, v, attn_mask=bias, is_causal=causal, window=window, scale=scale, top_k=top_k,
+        enable_gqa=hk != h,
+    )  # fmt: skip
+    ref = _oracle(q, k, v, vis, max(top_k, 1), scale=scale, bias=bias)
+    r_out, r_ent, r_tw, n_vis, r_cs, w, _ = ref
+    assert torch.allclose(w.amax(-1), torch.ones((), dtype=w.dtype), atol=1e-6), (
+        "the oracle's weights are one-hot"
+    )
+    assert torch.allclose(out.double(), r_out, atol=1e-5)
+    assert torch.allclose(st.column_sums.double(), r_cs, atol=1e-5)
+    assert torch.allclose(st.entropy.double(), r_ent, atol=1e-5)
+    if top_k:
+        assert torch.allclose(st.topk_weights.double(), r_tw, atol=1e-5)
+        assert torch.equal(st.topk_indices[..., 0], w.argmax(-1))

@@ -104,11 +104,25 @@ def sweep(
         # itself is then only known to ulp(ℓ), and exp(s + bias − ℓ) no longer sums to 1 (a row masked
         # everywhere with −1e9 gets weight 1 on every key in float32). Σ_j α_ij is exactly 1 otherwise: where
         # it is not, one more sweep subtracts log Σ_j α_ij as a separate term, after s + bias − ℓ.
+        # Scores of 10⁹ and more: ℓ is off by more than exp's range (ulp(ℓ) ≥ 64), so every weight of a
+        # row under- or overflowed (Σ α = 0 or inf) and no sum can say by how much. Such rows are shifted
+        # by their largest log α first (the top weight becomes exp(0) = 1), then summed once more.
+        # Such rows take ℓ = their largest score instead, and every term is added after the score (the
+        # gemm's −ℓ column would round s − ℓ to ulp(s)): the top weight is then exp(s − s) = 1 exactly.
+        qs = q * prob.scale
+        lost = torch.isfinite(lse) & ~((zsum > 0) & torch.isfinite(zsum))
+        separate = bool(lost.any())
+        if separate:
+            zero = torch.zeros((), dtype=neg_lse.dtype, device=neg_lse.device)
+            top = _pass(qs, k, torch.where(lost, zero, neg_lse), corr, prob, 1, False, blind, False, True)[1]
+            lost = lost & torch.isfinite(top[..., 0])
+            neg_lse = torch.where(lost, -top[..., 0], neg_lse)
+            zsum = _pass(qs, k, neg_lse, corr, prob, 0, False, blind, True, True)[4]
         seen = zsum > 0
         off = torch.where(seen, zsum, torch.ones((), dtype=zsum.dtype, device=zsum.device)).log()
-        if bool((off.abs() > math.sqrt(torch.finfo(q.dtype).eps)).any()):
+        if separate or bool((off.abs() > math.sqrt(torch.finfo(q.dtype).eps)).any()):
             ent, vals, idx, cols, _ = _pass(
-                q * prob.scale, k, neg_lse, -off, prob, top_k, columns, blind, False
+                qs, k, neg_lse, -off, prob, top_k, columns, blind, False, separate
             )
     hidden = vals == -math.inf
     # below the floor a weight is 0, as in the column sums and the entropy (exp would give a denormal)
@@ -121,9 +135,12 @@ def sweep(
     )
 
 
-def _pass(qs, k, neg_lse, corr, prob: Problem, top_k: int, columns: bool, blind: bool, sums: bool):
+def _pass(
+    qs, k, neg_lse, corr, prob: Problem, top_k: int, columns: bool, blind: bool, sums: bool, separate=False
+):
     """One sweep over the plan: (−Σ α log α, top log α, their keys, column sums (B, H, Tk, 1) or None,
-    row sums Σ α or None) with log α = s + bias − ℓ + ``corr``."""
+    row sums Σ α or None) with log α = s + bias − ℓ + ``corr`` (``separate``: added in that order even
+    without a bias, instead of −ℓ + corr as one more column of the gemm)."""
     b, h, tq, _ = qs.shape
     tk = k.shape[2]
     ent = qs.new_zeros((b, h, tq))  # −Σ α log α
@@ -136,6 +153,8 @@ def _pass(qs, k, neg_lse, corr, prob: Problem, top_k: int, columns: bool, blind:
         rows = slice(call.r0, call.r1)
         for qv, kv, _, heads in call_ops.call_views(call, qs, k, k[..., :0]):
             nl, cr = call_ops.stack_rows(call, neg_lse[:, heads, rows], corr[:, heads, rows])
+            if bias is None and separate:
+                bias = torch.zeros((1, 1, 1, 1), dtype=qs.dtype, device=qs.device)
             e, tv, ti, cs, zs = _sweep_view(qv, kv, nl, cr, bias, call, top_k, columns, blind, sums)
             ent[:, heads, rows] += call_ops.unstack(call, e, b)
             if zsum is not None:
