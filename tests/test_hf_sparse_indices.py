@@ -95,3 +95,115 @@ def test_indices_without_a_mask_are_refused():
     q, k, v, idx, _ = _case()
     with pytest.raises(ValueError, match="need the attention_mask"):
         hf.attention_forward(_module(), q, k, v, None, indices=idx)
+
+
+# --- block_indices: MiniMax M3's block-sparse indexer (transformers' modeling_minimax_m3_vl.py) -----------
+
+
+def _block_module(block_size: int = 2):
+    m = _module()
+    m.indexer = types.SimpleNamespace(block_size=block_size)
+    return m
+
+
+def _block_case(seed: int = 0):
+    """q (3, 4, 9, 8), k/v (3, 2, 11, 8): Tq < Tk (the mask's queries at positions 0 … 8), blocks of 2 keys (6
+    blocks, the last one cut to 1 key), 2 index heads for 4 query heads, 3 blocks a query, some -1."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(3, 4, 9, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(3, 2, 11, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    sel = torch.stack([torch.randperm(6, generator=g)[:3] for _ in range(3 * 2 * 9)]).view(3, 2, 9, 3)
+    sel[1, :, :, 2] = -1
+    pad = torch.ones(3, 11, dtype=torch.bool)
+    pad[0, :3] = False
+    return q, k, v, sel, pad
+
+
+def _block_oracle(q, k, v, sel, pad):
+    keep = torch.zeros(3, 4, 9, 11, dtype=torch.bool)
+    for b in range(3):
+        for h in range(4):
+            for i in range(9):
+                for n in sel[b, h // 2, i].tolist():
+                    for j in range(2 * n, min(2 * n + 2, 11)) if n >= 0 else ():
+                        keep[b, h, i, j] = j <= i and bool(pad[b, j])  # causal from position 0
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
+    return out.nan_to_num(0.0).transpose(1, 2), keep.any(-1).transpose(1, 2), keep
+
+
+@pytest.mark.parametrize("form", ["lazy", "bool", "float"])
+def test_block_indices_and_the_mask_together(form):
+    q, k, v, sel, pad = _block_case()
+    mask = hf.attention_mask(3, 9, 11, mask_function=mu.causal_mask_function, attention_mask=pad)
+    if form != "lazy":
+        mask = mask.to_dense()
+        if form == "float":
+            mask = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, -math.inf)
+    ours, _ = hf.attention_forward(_block_module(), q, k, v, mask, block_indices=sel)
+    theirs, rows, keep = _block_oracle(q, k, v, sel, pad)
+    assert rows.any() and not rows.all()
+    assert (ours - theirs)[rows].abs().max() <= 1e-12
+    assert (ours[~rows] == 0).all()
+    plain, _ = hf.attention_forward(_block_module(), q, k, v, mask)
+    assert (plain - theirs)[rows].abs().max() > 1e-2  # the selection matters
+    q.requires_grad_(True)
+    ours, _ = hf.attention_forward(_block_module(), q, k, v, mask, block_indices=sel)
+    theirs, rows, _ = _block_oracle(q, k, v, sel, pad)
+    (g_ours,) = torch.autograd.grad(ours[rows].sum(), q)
+    (g_theirs,) = torch.autograd.grad(theirs[rows].sum(), q)
+    assert (g_ours - g_theirs).abs().max() <= 1e-12 and g_theirs.abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("sel", "message"),
+    [
+        (torch.zeros(3, 2, 9, 3), "integer tensor of shape"),
+        (torch.zeros(3, 3, 9, 3, dtype=torch.long), "H_idx dividing the 4 query heads"),
+        (torch.zeros(3, 2, 8, 3, dtype=torch.long), "integer tensor of shape"),
+        (torch.full((3, 2, 9, 3), 6, dtype=torch.long), r"lie in \[-1, 6\)"),
+        (torch.full((3, 2, 9, 3), -2, dtype=torch.long), r"lie in \[-1, 6\)"),
+    ],
+)
+def test_bad_block_indices_are_refused_by_name(sel, message):
+    q, k, v, _, pad = _block_case()
+    mask = hf.attention_mask(3, 9, 11, attention_mask=pad)
+    with pytest.raises(ValueError, match=message):
+        hf.attention_forward(_block_module(), q, k, v, mask, block_indices=sel)
+
+
+def test_block_indices_need_a_block_size():
+    q, k, v, sel, pad = _block_case()
+    mask = hf.attention_mask(3, 9, 11, attention_mask=pad)
+    with pytest.raises(ValueError, match="block size"):
+        hf.attention_forward(_module(), q, k, v, mask, block_indices=sel)
+
+
+def test_a_minimax_m3_model_matches_eager():
+    """A tiny random MiniMax M3 (both layers block-sparse, blocks of 4 keys, 3 blocks a query, MoE), batch
+    of 2 with right padding: logits of ours vs transformers' eager. (Left padding differs at real tokens
+    after the first layer under every implementation that zeroes padded query rows, as ours does: the
+    model's indexer max-pools the padded rows' hidden states into its block scores.)"""
+    mm3 = pytest.importorskip("transformers.models.minimax_m3_vl.modeling_minimax_m3_vl")
+    from transformers.models.minimax_m3_vl.configuration_minimax_m3_vl import MiniMaxM3VLTextConfig
+
+    hf.register()
+    cfg = MiniMaxM3VLTextConfig(
+        vocab_size=100, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rotary_dim=8, num_local_experts=4, num_experts_per_tok=2,
+        dense_intermediate_size=64, shared_intermediate_size=64, index_n_heads=2, index_head_dim=16,
+        index_block_size=4, index_topk_blocks=3, index_local_blocks=1,
+        layer_types=["minimax_m3_sparse"] * 2, mlp_layer_types=["dense", "sparse"],
+        max_position_embeddings=256, bos_token_id=None, eos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = mm3.MiniMaxM3VLForCausalLM(cfg).eval()
+    ids = torch.randint(0, 100, (2, 37))
+    am = torch.ones(2, 37, dtype=torch.long)
+    am[0, -5:] = 0
+    logits = {}
+    for impl in ("eager", hf.NAME):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            logits[impl] = model(input_ids=ids, attention_mask=am).logits
+    real = am.bool()
+    assert (logits[hf.NAME] - logits["eager"])[real].abs().max() <= 1e-5

@@ -39,6 +39,9 @@ s_aux, sinks        attention-sink logits, one per head (``s_aux``, shape (H,)) 
                     the weights of a row sum to less than 1 (gpt-oss).
 indices             (B, Tq, K) integer: the K keys each query may see (DeepSeek sparse attention's
                     indexer), ANDed with the mask — the dense mask, as transformers' eager/sdpa form it.
+block_indices       (B, H_idx, Tq, K) integer: the K key *blocks* each query may see, −1 for none
+                    (MiniMax M3's block-sparse indexer; blocks of ``module.indexer.block_size`` keys,
+                    one selection per group of H / H_idx query heads), ANDed with the mask the same way.
 output_attentions   return the weights (also when transformers collects attentions otherwise).
 GQA                 fewer key/value heads than query heads: grouped-query attention, no copies.
 ==================  =========================================================================================
@@ -302,6 +305,7 @@ def attention_forward(
     s_aux: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     indices: torch.Tensor | None = None,
+    block_indices: torch.Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The attention function transformers calls (``AttentionInterface`` signature, as its ``sdpa``).
@@ -314,7 +318,8 @@ def attention_forward(
             ``None`` (mask-less call: see the module doc for the exact rules).
         dropout: probability of dropping a weight, only when ``module.training``.
         scaling: factor on Q Kᵀ; ``None`` = 1/√D.
-        is_causal, sliding_window, position_bias, softcap, s_aux, sinks, indices: see the module doc.
+        is_causal, sliding_window, position_bias, softcap, s_aux, sinks, indices, block_indices: see the
+            module doc.
         **kwargs: ``output_attentions`` and the ignored names of the module doc; anything else raises.
 
     Returns:
@@ -337,10 +342,18 @@ def attention_forward(
             "flex-attention BlockMask comes from the 'flex_attention' mask function: register "
             "selfattention.hf.attention_mask with this attention instead)"
         )
-    if indices is not None:  # sparse attention: only the selected keys, within the mask (dense, as sdpa's)
+    for name, sel in (("indices", indices), ("block_indices", block_indices)):
+        # sparse attention: only the selected keys, within the mask (dense, as sdpa's)
+        if sel is None:
+            continue
         if attention_mask is None:
-            raise ValueError("indices (the keys each query may see) need the attention_mask to AND with")
-        keep = hf_dense.selected_keys(indices, query.shape[0], query.shape[-2], key.shape[-2], query.device)
+            raise ValueError(f"{name} (the keys each query may see) need the attention_mask to AND with")
+        b, tq, tk = query.shape[0], query.shape[-2], key.shape[-2]
+        if name == "indices":
+            keep = hf_dense.selected_keys(sel, b, tq, tk, query.device)
+        else:
+            size = hf_dense.index_block_size(module)
+            keep = hf_dense.selected_blocks(sel, size, query.shape[-3], b, tq, tk, query.device)
         mask = attention_mask.to_dense() if lazy is not None else attention_mask
         attention_mask = mask & keep if mask.dtype == torch.bool else mask.masked_fill(~keep, -math.inf)
         lazy = None

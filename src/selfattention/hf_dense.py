@@ -126,3 +126,63 @@ def selected_keys(
         )
     keep = torch.zeros(indices.shape[0], q_len, k_len, dtype=torch.bool, device=device)
     return keep.scatter_(-1, indices.to(device=device, dtype=torch.long), True).unsqueeze(1)
+
+
+def index_block_size(module: torch.nn.Module) -> int:
+    """Keys per block of a block-sparse indexer's selection: the calling layer's ``indexer.block_size``, else
+    its config's ``index_block_size`` (transformers' MiniMax M3)."""
+    size = getattr(getattr(module, "indexer", None), "block_size", None)
+    if size is None:
+        size = getattr(getattr(module, "config", None), "index_block_size", None)
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise ValueError(
+            f"block_indices need the key block size: {type(module).__name__} has no indexer.block_size or "
+            f"config.index_block_size (a positive int), got {size!r}"
+        )
+    return size
+
+
+def selected_blocks(
+    block_indices: torch.Tensor,
+    block_size: int,
+    heads: int,
+    batch: int,
+    q_len: int,
+    k_len: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """Bool (1 or B, H, Tq, Tk), True at the keys of the key blocks ``block_indices`` (1 or B, H_idx, Tq, K)
+    names for each query: block n is keys n·size … (n + 1)·size − 1 (the last one cut at Tk), −1 names no
+    block, and index head i serves query heads i·H/H_idx … (i + 1)·H/H_idx − 1 (MiniMax M3's sparse
+    attention, ``MiniMaxM3VLIndexer.build_block_mask``). Block size 2, Tk = 5, one query, blocks [2, 0]::
+
+        1 1 0 0 1
+    """
+    n_blocks = -(-k_len // block_size)
+    sel = block_indices
+    if (
+        not isinstance(sel, torch.Tensor)
+        or sel.is_floating_point()
+        or sel.is_complex()
+        or sel.dtype == torch.bool
+        or sel.dim() != 4
+        or sel.shape[0] not in (1, batch)
+        or sel.shape[1] == 0
+        or heads % sel.shape[1] != 0
+        or sel.shape[2] != q_len
+    ):
+        got = (tuple(sel.shape), sel.dtype) if isinstance(sel, torch.Tensor) else sel
+        raise ValueError(
+            f"block_indices must be an integer tensor of shape (B, H_idx, Tq, K) = ({batch}, H_idx, {q_len}, "
+            f"K) with H_idx dividing the {heads} query heads, got {got}"
+        )
+    if sel.numel() and (int(sel.min()) < -1 or int(sel.max()) >= n_blocks):
+        raise ValueError(
+            f"block_indices must lie in [-1, {n_blocks}) (key blocks of {block_size}; -1 = none), got "
+            f"{int(sel.min())} … {int(sel.max())}"
+        )
+    sel = sel.to(device=device, dtype=torch.long)
+    blocks = torch.zeros((*sel.shape[:3], n_blocks + 1), dtype=torch.bool, device=device)
+    blocks.scatter_(-1, sel.masked_fill(sel < 0, n_blocks), True)  # −1 lands in a column dropped below
+    keep = blocks[..., :n_blocks].repeat_interleave(block_size, dim=-1)[..., :k_len]
+    return keep.repeat_interleave(heads // sel.shape[1], dim=1)
