@@ -24,13 +24,20 @@ def _module():
     return m
 
 
+def _qkv_pad(g: torch.Generator, tk: int, padded: int):
+    """q (3, 4, 9, 8), k/v (3, 2, tk, 8) float64, and a padding row (3, tk) whose batch row 0 starts with
+    ``padded`` padding keys."""
+    q = torch.randn(3, 4, 9, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(3, 2, tk, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    pad = torch.ones(3, tk, dtype=torch.bool)
+    pad[0, :padded] = False
+    return q, k, v, pad
+
+
 def _case(seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(3, 4, 9, 8, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(3, 2, 9, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    q, k, v, pad = _qkv_pad(g, 9, 2)
     idx = torch.stack([torch.randperm(9, generator=g)[:4] for _ in range(3 * 9)]).view(3, 9, 4).int()
-    pad = torch.ones(3, 9, dtype=torch.bool)
-    pad[0, :2] = False
     return q, k, v, idx, pad
 
 
@@ -45,50 +52,61 @@ def _oracle(q, k, v, idx, pad):
     return out.nan_to_num(0.0).transpose(1, 2), keep.any(-1)[:, 0], keep
 
 
-@pytest.mark.parametrize("form", ["lazy", "bool", "float"])
-def test_indices_and_the_mask_together(form):
-    q, k, v, idx, pad = _case()
-    mask = hf.attention_mask(3, 9, 9, mask_function=mu.causal_mask_function, attention_mask=pad)
+def _causal_padding_mask(form: str, tq: int, tk: int, pad: torch.Tensor):
+    """The causal + padding mask of (3, tq, tk) as our mask function's LazyMask, its bool or float form."""
+    mask = hf.attention_mask(3, tq, tk, mask_function=mu.causal_mask_function, attention_mask=pad)
     if form != "lazy":
         mask = mask.to_dense()
         if form == "float":
             mask = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, -math.inf)
-    ours, _ = hf.attention_forward(_module(), q, k, v, mask, indices=idx)
-    theirs, rows, keep = _oracle(q, k, v, idx, pad)
+    return mask
+
+
+@pytest.mark.parametrize("form", ["lazy", "bool", "float"])
+@pytest.mark.parametrize("name", ["indices", "block_indices"])
+def test_selection_and_the_mask_together(form, name):
+    case, oracle, tk = (_case, _oracle, 9) if name == "indices" else (_block_case, _block_oracle, 11)
+    q, k, v, sel, pad = case()
+    mask = _causal_padding_mask(form, 9, tk, pad)
+    ours, _ = hf.attention_forward(_block_module(), q, k, v, mask, **{name: sel})
+    theirs, rows, keep = oracle(q, k, v, sel, pad)
+    assert rows.any() and not rows.all()
     assert (ours - theirs)[rows].abs().max() <= 1e-12
-    plain, _ = hf.attention_forward(_module(), q, k, v, mask)
+    assert (ours[~rows] == 0).all()
+    plain, _ = hf.attention_forward(_block_module(), q, k, v, mask)
     assert (plain - theirs)[rows].abs().max() > 1e-2  # the selection matters
-    weighted, w = hf.attention_forward(_module(), q, k, v, mask, indices=idx, output_attentions=True)
+    weighted, w = hf.attention_forward(_block_module(), q, k, v, mask, output_attentions=True, **{name: sel})
     assert (weighted - ours).abs().max() <= 1e-12
     assert (w[~keep.expand_as(w)] == 0).all() and (w[keep.expand_as(w)] > 0).all()
-
-
-def test_indices_get_gradients_through_the_kept_keys():
-    q, k, v, idx, pad = _case(1)
-    mask = hf.attention_mask(3, 9, 9, mask_function=mu.causal_mask_function, attention_mask=pad)
     q.requires_grad_(True)
-    ours, _ = hf.attention_forward(_module(), q, k, v, mask, indices=idx)
-    theirs, rows, _ = _oracle(q, k, v, idx, pad)
-    (g_ours,) = torch.autograd.grad((ours[rows]).sum(), q)
-    (g_theirs,) = torch.autograd.grad((theirs[rows]).sum(), q)
+    ours, _ = hf.attention_forward(_block_module(), q, k, v, mask, **{name: sel})
+    theirs, rows, _ = oracle(q, k, v, sel, pad)
+    (g_ours,) = torch.autograd.grad(ours[rows].sum(), q)
+    (g_theirs,) = torch.autograd.grad(theirs[rows].sum(), q)
     assert (g_ours - g_theirs).abs().max() <= 1e-12 and g_theirs.abs().max() > 1e-3
 
 
 @pytest.mark.parametrize(
-    ("indices", "message"),
+    ("name", "bad", "message"),
     [
-        (torch.zeros(3, 9, 4), "integer tensor of shape"),
-        (torch.zeros(3, 8, 4, dtype=torch.int32), r"\(3, 9, K\)"),
-        (torch.zeros(9, 4, dtype=torch.int32), "integer tensor of shape"),
-        (torch.full((3, 9, 4), 9, dtype=torch.int32), r"lie in \[0, 9\)"),
-        (torch.full((3, 9, 4), -1, dtype=torch.int32), r"lie in \[0, 9\)"),
+        ("indices", torch.zeros(3, 9, 4), "integer tensor of shape"),
+        ("indices", torch.zeros(3, 8, 4, dtype=torch.int32), r"\(3, 9, K\)"),
+        ("indices", torch.zeros(9, 4, dtype=torch.int32), "integer tensor of shape"),
+        ("indices", torch.full((3, 9, 4), 9, dtype=torch.int32), r"lie in \[0, 9\)"),
+        ("indices", torch.full((3, 9, 4), -1, dtype=torch.int32), r"lie in \[0, 9\)"),
+        ("block_indices", torch.zeros(3, 2, 9, 3), "integer tensor of shape"),
+        ("block_indices", torch.zeros(3, 3, 9, 3, dtype=torch.long), "H_idx dividing the 4 query heads"),
+        ("block_indices", torch.zeros(3, 2, 8, 3, dtype=torch.long), "integer tensor of shape"),
+        ("block_indices", torch.full((3, 2, 9, 3), 5, dtype=torch.long), r"lie in \[-1, 5\)"),
+        ("block_indices", torch.full((3, 2, 9, 3), -2, dtype=torch.long), r"lie in \[-1, 5\)"),
     ],
 )
-def test_bad_indices_are_refused_by_name(indices, message):
+def test_bad_indices_are_refused_by_name(name, bad, message):
+    """(Blocks of 2 keys over Tk = 9: 5 blocks.)"""
     q, k, v, _, pad = _case()
     mask = hf.attention_mask(3, 9, 9, attention_mask=pad)
     with pytest.raises(ValueError, match=message):
-        hf.attention_forward(_module(), q, k, v, mask, indices=indices)
+        hf.attention_forward(_block_module(), q, k, v, mask, **{name: bad})
 
 
 def test_indices_without_a_mask_are_refused():
@@ -110,12 +128,9 @@ def _block_case(seed: int = 0):
     """q (3, 4, 9, 8), k/v (3, 2, 11, 8): Tq < Tk (the mask's queries at positions 0 … 8), blocks of 2 keys (6
     blocks, the last one cut to 1 key), 2 index heads for 4 query heads, 3 blocks a query, some -1."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(3, 4, 9, 8, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(3, 2, 11, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    q, k, v, pad = _qkv_pad(g, 11, 3)
     sel = torch.stack([torch.randperm(6, generator=g)[:3] for _ in range(3 * 2 * 9)]).view(3, 2, 9, 3)
     sel[1, :, :, 2] = -1
-    pad = torch.ones(3, 11, dtype=torch.bool)
-    pad[0, :3] = False
     return q, k, v, sel, pad
 
 
@@ -129,46 +144,6 @@ def _block_oracle(q, k, v, sel, pad):
                         keep[b, h, i, j] = j <= i and bool(pad[b, j])  # causal from position 0
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=True)
     return out.nan_to_num(0.0).transpose(1, 2), keep.any(-1).transpose(1, 2), keep
-
-
-@pytest.mark.parametrize("form", ["lazy", "bool", "float"])
-def test_block_indices_and_the_mask_together(form):
-    q, k, v, sel, pad = _block_case()
-    mask = hf.attention_mask(3, 9, 11, mask_function=mu.causal_mask_function, attention_mask=pad)
-    if form != "lazy":
-        mask = mask.to_dense()
-        if form == "float":
-            mask = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, -math.inf)
-    ours, _ = hf.attention_forward(_block_module(), q, k, v, mask, block_indices=sel)
-    theirs, rows, keep = _block_oracle(q, k, v, sel, pad)
-    assert rows.any() and not rows.all()
-    assert (ours - theirs)[rows].abs().max() <= 1e-12
-    assert (ours[~rows] == 0).all()
-    plain, _ = hf.attention_forward(_block_module(), q, k, v, mask)
-    assert (plain - theirs)[rows].abs().max() > 1e-2  # the selection matters
-    q.requires_grad_(True)
-    ours, _ = hf.attention_forward(_block_module(), q, k, v, mask, block_indices=sel)
-    theirs, rows, _ = _block_oracle(q, k, v, sel, pad)
-    (g_ours,) = torch.autograd.grad(ours[rows].sum(), q)
-    (g_theirs,) = torch.autograd.grad(theirs[rows].sum(), q)
-    assert (g_ours - g_theirs).abs().max() <= 1e-12 and g_theirs.abs().max() > 1e-3
-
-
-@pytest.mark.parametrize(
-    ("sel", "message"),
-    [
-        (torch.zeros(3, 2, 9, 3), "integer tensor of shape"),
-        (torch.zeros(3, 3, 9, 3, dtype=torch.long), "H_idx dividing the 4 query heads"),
-        (torch.zeros(3, 2, 8, 3, dtype=torch.long), "integer tensor of shape"),
-        (torch.full((3, 2, 9, 3), 6, dtype=torch.long), r"lie in \[-1, 6\)"),
-        (torch.full((3, 2, 9, 3), -2, dtype=torch.long), r"lie in \[-1, 6\)"),
-    ],
-)
-def test_bad_block_indices_are_refused_by_name(sel, message):
-    q, k, v, _, pad = _block_case()
-    mask = hf.attention_mask(3, 9, 11, attention_mask=pad)
-    with pytest.raises(ValueError, match=message):
-        hf.attention_forward(_block_module(), q, k, v, mask, block_indices=sel)
 
 
 def test_block_indices_need_a_block_size():

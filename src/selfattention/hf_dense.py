@@ -102,23 +102,28 @@ def model_scale(scaling: float | None, steps: AttentionSteps) -> float:
     return 1.0 / math.sqrt(steps.query.shape[-1]) if scaling is None else float(scaling)
 
 
+def _integers(t: object, dims: int) -> bool:
+    """Whether ``t`` is an integer (not bool) tensor of ``dims`` dimensions."""
+    return (
+        isinstance(t, torch.Tensor)
+        and not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+        and t.dim() == dims
+    )
+
+
+def _described(t: object) -> object:
+    return (tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else t
+
+
 def selected_keys(
     indices: torch.Tensor, batch: int, q_len: int, k_len: int, device: torch.device
 ) -> torch.Tensor:
     """Bool (1 or B, 1, Tq, Tk), True at the keys ``indices`` (1 or B, Tq, K) names for each query
     (DeepSeek sparse attention's top-k); every index must lie in [0, Tk)."""
-    if (
-        not isinstance(indices, torch.Tensor)
-        or indices.is_floating_point()
-        or indices.is_complex()
-        or indices.dtype == torch.bool
-        or indices.dim() != 3
-        or indices.shape[0] not in (1, batch)
-        or indices.shape[1] != q_len
-    ):
-        got = (tuple(indices.shape), indices.dtype) if isinstance(indices, torch.Tensor) else indices
+    if not _integers(indices, 3) or indices.shape[0] not in (1, batch) or indices.shape[1] != q_len:
         raise ValueError(
-            f"indices must be an integer tensor of shape (B, Tq, K) = ({batch}, {q_len}, K), got {got}"
+            f"indices must be an integer tensor of shape (B, Tq, K) = ({batch}, {q_len}, K), got "
+            f"{_described(indices)}"
         )
     if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= k_len):
         raise ValueError(
@@ -161,20 +166,15 @@ def selected_blocks(
     n_blocks = -(-k_len // block_size)
     sel = block_indices
     if (
-        not isinstance(sel, torch.Tensor)
-        or sel.is_floating_point()
-        or sel.is_complex()
-        or sel.dtype == torch.bool
-        or sel.dim() != 4
+        not _integers(sel, 4)
         or sel.shape[0] not in (1, batch)
         or sel.shape[1] == 0
         or heads % sel.shape[1] != 0
         or sel.shape[2] != q_len
     ):
-        got = (tuple(sel.shape), sel.dtype) if isinstance(sel, torch.Tensor) else sel
         raise ValueError(
             f"block_indices must be an integer tensor of shape (B, H_idx, Tq, K) = ({batch}, H_idx, {q_len}, "
-            f"K) with H_idx dividing the {heads} query heads, got {got}"
+            f"K) with H_idx dividing the {heads} query heads, got {_described(sel)}"
         )
     if sel.numel() and (int(sel.min()) < -1 or int(sel.max()) >= n_blocks):
         raise ValueError(
