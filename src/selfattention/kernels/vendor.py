@@ -161,7 +161,12 @@ def _self_check(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def _pad_last(t: torch.Tensor, n: int) -> torch.Tensor:
-    return t if t.shape[-1] == n else tnf.pad(t, (0, n - t.shape[-1]))
+    """``t`` with its last dim zero-padded to ``n``, and with unit stride there: torch 2.13's fused CPU
+    kernels read a row of q, k, v, dout or out as contiguous and give wrong numbers (forward and backward,
+    no error) for a view whose last dim has another stride (keys made as (B, H, D, T).transpose(-1, -2))."""
+    if t.shape[-1] != n:
+        return tnf.pad(t, (0, n - t.shape[-1]))
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
 def forward(
