@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import selfattention as sa
-from selfattention import flex, mods
+from selfattention import flex, flex_masks, mods
 from selfattention.flex import AuxRequest
 
 warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
@@ -291,6 +291,30 @@ def test_block_tables_are_respected_like_torch_kernels():
     out = sa.flex_attention(q, k, v, block_mask=bm)
     ref, _ = oracle(*(t.detach().double() for t in (q, k, v)), lambda b, h, qi, kv: keep[qi, kv])
     assert (out.double() - ref).abs().max() < 1e-5
+
+
+def test_a_ready_document_mask_with_per_batch_ids_obeys_batch_0s_tables_as_a_lambda_does():
+    """B = None with ids that differ per batch entry: the tables are batch 0's (as torch's), and the ready
+    mod obeys them like the same predicate wrapped in a lambda (it was planned from its ids instead: 0.5 off
+    in batch 1, found by a breaker run). Oracle: the mod's dense mask AND batch 0's block table."""
+    t = 256
+    ids = torch.stack([torch.arange(t) // 128, torch.zeros(t, dtype=torch.long)])  # 2 documents / 1
+    q, k, v = inputs(2, 1, 1, t, t, 8, 8)
+    dm = mods.document_mask(ids)
+    outs = [
+        sa.flex_attention(q, k, v, block_mask=sa.create_block_mask(m, None, None, t, t, device="cpu"))
+        for m in (dm, lambda b, h, qi, kv: dm(b, h, qi, kv))
+    ]
+    table = sa.create_block_mask(dm, None, None, t, t, device="cpu").to_dense()[0, 0].bool()
+    keep = table.repeat_interleave(128, 0).repeat_interleave(128, 1)[:t, :t]
+    ref, _ = oracle(
+        *(x.detach().double() for x in (q, k, v)), lambda b, h, qi, kv: dm(b, h, qi, kv) & keep[qi, kv]
+    )
+    for out in outs:
+        assert (out.double() - ref).abs().max() < 1e-5
+    assert not table.all()  # batch 0's tables hide blocks batch 1's ids show
+    same = sa.create_block_mask(mods.document_mask(ids[:1].expand(2, t)), None, None, t, t, device="cpu")
+    assert same in flex_masks.STRUCTURE  # ids equal in every batch entry: still planned from the ids
 
 
 def test_bfloat16_within_twice_the_naive_error():

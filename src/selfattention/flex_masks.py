@@ -166,9 +166,20 @@ def create_block_mask(
         seq_lengths=(Q_LEN, KV_LEN),
     )  # fmt: skip
     fields = visibility_fields(mask_mod, Q_LEN, KV_LEN)
-    if fields is not None:
+    if fields is not None and _tables_cover(fields, b_):
         STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields)
     return bm
+
+
+def _tables_cover(fields: dict, b: int) -> bool:
+    """Whether tables made for ``b`` batch entries describe a recognised mod's every batch entry: with
+    B = None (b = 1) and document ids that differ per batch entry, the tables are batch 0's and are
+    obeyed as torch's kernels obey them (docs/flex.md), so the mod is then not planned from its structure."""
+    for value in fields.values():
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] > b:
+            if not bool((value == value[:1]).all()):
+                return False
+    return True
 
 
 def block_kinds(bm: BlockMask) -> torch.Tensor:
