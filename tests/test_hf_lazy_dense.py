@@ -48,7 +48,9 @@ def test_indexing_operators_and_methods_see_the_dense_mask():
     assert torch.equal(lazy != 0, dense != 0) and torch.equal(lazy == 1, dense == 1)
     assert torch.equal(~lazy, ~dense) and torch.equal(lazy & dense, dense)
     zeros = torch.zeros(3, 1, 7, 7)
-    assert torch.equal(zeros + lazy, zeros + dense) and torch.equal(lazy * 2.0, dense * 2.0)
+    # added to float scores it is eager's additive mask (a bool mask would add 1 and hide nothing)
+    additive = torch.zeros(3, 1, 7, 7).masked_fill(~dense, torch.finfo(torch.float32).min)
+    assert torch.equal(zeros + lazy, additive) and torch.equal(lazy * 2.0, dense * 2.0)
     assert torch.equal(lazy.float(), dense.float()) and torch.equal(lazy.to(torch.int8), dense.to(torch.int8))
     assert lazy.shape == dense.shape and lazy.dtype == dense.dtype and lazy.dim() == 4
 

@@ -51,7 +51,9 @@ kernels, packed batches, caches or outputs, or were consumed before the call): `
 ``cu_seq_lens_q``, ``cu_seq_lens_k``, ``max_length_q``, ``max_length_k``, ``seq_idx``,
 ``cache_position``, ``use_cache``, ``output_hidden_states``, ``output_router_logits``,
 ``num_items_in_batch``, ``layer_idx``, ``return_dict``, ``encoder_hidden_states`` and
-``encoder_attention_mask`` (the keys, values and mask were already made from them), ``token_type_ids``
+``encoder_attention_mask`` (the keys, values and mask were already made from them), ``logits_to_keep``
+(which of the last hidden states the LM head reads: GOT-OCR2 hands it down to every layer),
+``token_type_ids``
 (a tokenizer's segment ids that some models hand down to every layer; segments enter through the
 embeddings, not the attention), ``deterministic``
 (a flash-attention switch for a deterministic backward; this library has no non-deterministic kernel
@@ -128,6 +130,7 @@ IGNORED = frozenset(
         "encoder_attention_mask",
         "deterministic",
         "token_type_ids",
+        "logits_to_keep",
     }
 )
 """Arguments transformers may pass that do not change attention once the mask is built (see above)."""

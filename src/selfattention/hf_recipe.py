@@ -94,13 +94,28 @@ class LazyMask:
             f"LazyMask({'+'.join(self.kinds) or 'all keys'}, B={self.batch_size}, Tq={v.q_len}, Tk={v.k_len})"
         )
 
+    def additive(self, dtype: torch.dtype) -> torch.Tensor:
+        """Float (B, 1, Tq, Tk) of ``dtype``: 0 = attend, ``finfo(dtype).min`` = hidden — transformers'
+        ``eager_mask`` of this recipe."""
+        keep = self.to_dense()
+        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+            ~keep, torch.finfo(dtype).min
+        )
+
     # A model whose own code computes with the 4-D mask before the attention call (Doge's dynamic mask:
     # torch.where on it, a slice, a comparison) gets the dense mask it stands for at that point — exactly
     # transformers' sdpa_mask — through torch functions, Tensor methods, indexing and operators alike.
-    # Never a silent wrong answer; only the lazy savings are lost for that model.
+    # Added to floating-point scores (a model that runs its own eager attention on the mask transformers
+    # built for this attention: Git, BigBird-Pegasus) it is eager's additive mask: the bool one would add
+    # 1 to the visible scores and hide nothing. Never a silent wrong answer; only the lazy savings are lost.
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        return func(*densified(args), **densified(kwargs or {}))
+        kwargs = kwargs or {}
+        if func in _ADDS:
+            dtype = _float_operand(args)
+            if dtype is not None:
+                args = tuple(a.additive(dtype) if isinstance(a, LazyMask) else a for a in args)
+        return func(*densified(args), **densified(kwargs))
 
     def __getitem__(self, index):
         return self.to_dense()[index]
@@ -113,9 +128,25 @@ class LazyMask:
     __hash__ = object.__hash__
 
 
+_ADDS = frozenset(
+    {torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__add__, torch.Tensor.__radd__,
+     torch.Tensor.__iadd__}
+)  # fmt: skip
+
+
+def _float_operand(args: tuple) -> torch.dtype | None:
+    """The dtype of the first floating-point tensor among ``args``, if any."""
+    for a in args:
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            return a.dtype
+    return None
+
+
 def _dense_operator(name: str):
     def op(self: LazyMask, *args):
-        return getattr(self.to_dense(), name)(*densified(args))
+        dtype = _float_operand(args) if name in ("__add__", "__radd__") else None
+        dense = self.to_dense() if dtype is None else self.additive(dtype)
+        return getattr(dense, name)(*densified(args))
 
     op.__name__ = name
     return op
@@ -251,6 +282,12 @@ class _Generic(Exception):
     """A combination without a structural form: the whole recipe becomes one generic predicate."""
 
 
+#: Models whose own code edits the 4-D mask only when it is a ``torch.Tensor``, in eager's additive form
+#: (DeepSeek V4's compressed layers append keys and concatenate their float bias to the mask): they get
+#: :meth:`LazyMask.additive` — dense, as transformers' ``eager_mask`` — instead of a lazy mask.
+TENSOR_MASK_MODELS = frozenset({"deepseek_v4"})
+
+
 def mask_function(
     batch_size: int,
     q_length: int,
@@ -261,18 +298,32 @@ def mask_function(
     attention_mask: torch.Tensor | None = None,
     device: torch.device | str = "cpu",
     **kwargs: Any,
-) -> LazyMask:
+) -> LazyMask | torch.Tensor | None:
     """transformers' ``AttentionMaskInterface`` signature (as ``sdpa_mask``): the mask of ``mask_function``
     (default causal) for queries at positions q_offset … q_offset + q_length − 1 and keys at kv_offset … ,
     ANDed with the 2-D padding ``attention_mask`` (B, ≥ kv_offset + kv_length; 1 = token, shorter: the
     missing keys are hidden), as a :class:`LazyMask` (never ``None``: the call needs no is_causal rules).
-    ``local_size``, ``allow_is_causal_skip``, ``use_vmap``, ``dtype``, ``config`` … are accepted and unused.
-    Under ``torch.compile`` / export it returns transformers' own ``sdpa_mask`` (dense, or None).
+    ``local_size``, ``allow_is_causal_skip``, ``use_vmap`` … are accepted and unused. For a ``config``
+    whose ``model_type`` is in :data:`TENSOR_MASK_MODELS` it returns the additive float mask of ``dtype``
+    (default float32) instead. Under ``torch.compile`` / export it returns transformers' own ``sdpa_mask``
+    (dense, or None).
 
     >>> from transformers.masking_utils import sliding_window_causal_mask_function      # doctest: +SKIP
     >>> mask_function(2, 8, 8, mask_function=sliding_window_causal_mask_function(3))    # doctest: +SKIP
     LazyMask(causal+window, B=2, Tq=8, Tk=8)
     """
+    mask = _lazy_mask(
+        batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, device, **kwargs
+    )
+    model_type = getattr(kwargs.get("config"), "model_type", None)
+    if isinstance(mask, LazyMask) and model_type in TENSOR_MASK_MODELS:
+        return mask.additive(kwargs.get("dtype") or torch.float32)
+    return mask
+
+
+def _lazy_mask(
+    batch_size, q_length, kv_length, q_offset, kv_offset, mask_function, attention_mask, device, **kwargs
+):
     from transformers.masking_utils import causal_mask_function
 
     if isinstance(attention_mask, LazyMask):

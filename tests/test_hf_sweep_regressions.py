@@ -1,0 +1,106 @@
+"""Architectures a sweep of transformers' model types (541 of them, tiny random configs, 2026-12-02) found
+broken on this backend while eager and sdpa agree; each is a regression test against transformers' own
+eager attention on the real tokens of a padded batch.
+
+* Inkling: keys/values from a short convolution are views whose last dim has stride T — the fused CPU
+  kernel read them as contiguous (logits 25 % off, no error).
+* Git, BigBird-Pegasus: their own eager code adds the mask transformers built for this attention to float
+  scores; the lazy bool mask added 1 to visible scores and hid nothing (2.6 % / 4.8 % off).
+* DeepSeek V4: its compressed layers extend the mask only when it is a tensor (ValueError before).
+* GOT-OCR2: hands ``logits_to_keep`` down to every attention call (TypeError before)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+tf = pytest.importorskip("transformers")
+
+from selfattention import hf  # noqa: E402
+
+SMALL = dict(
+    vocab_size=128, hidden_size=64, d_model=64, num_hidden_layers=2, num_attention_heads=4,
+    intermediate_size=96, max_position_embeddings=128,
+)  # fmt: skip
+
+CASES = {
+    "inkling_text": dict(
+        num_key_value_heads=2, head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2,
+        swa_head_dim=16, layer_types=["hybrid_sliding", "hybrid"], mlp_layer_types=["dense", "dense"],
+        sliding_window_size=8,
+    ),
+    "git": dict(),
+    "bigbird_pegasus": dict(
+        encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=96, decoder_ffn_dim=96, attention_type="original_full",
+    ),
+    "deepseek_v4": dict(
+        moe_intermediate_size=32, num_key_value_heads=2, head_dim=16, q_lora_rank=16, num_experts_per_tok=2,
+        n_routed_experts=4, sliding_window=8, o_lora_rank=16, index_n_heads=2, index_head_dim=16,
+        index_topk=5, layer_types=["sliding_attention", "compressed_sparse_attention"],
+        mlp_layer_types=["moe", "moe"],
+    ),
+}  # fmt: skip
+
+
+def _model(model_type: str):
+    cfg = tf.AutoConfig.for_model(model_type, **SMALL, **CASES[model_type])
+    torch.manual_seed(0)
+    if model_type == "bigbird_pegasus":
+        return tf.AutoModelForSeq2SeqLM.from_config(cfg).eval()
+    return tf.AutoModelForCausalLM.from_config(cfg).eval()
+
+
+@pytest.mark.parametrize("model_type", list(CASES))
+def test_matches_eager_on_real_tokens(model_type):
+    hf.register()
+    model = _model(model_type)
+    ids = torch.randint(5, 128, (2, 13), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[0, -4:] = 0  # right padding: padded rows never feed a real one (ours gives them zeros, eager not)
+    inputs = dict(input_ids=ids, attention_mask=mask)
+    if model_type == "bigbird_pegasus":
+        inputs["decoder_input_ids"] = ids[:, :5]
+    out = {}
+    for impl in ("eager", hf.NAME):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            o = model(**inputs)
+        out[impl] = (
+            o.encoder_last_hidden_state[mask.bool()]
+            if model_type == "bigbird_pegasus"
+            else o.logits[mask.bool()]
+        )
+    scale = out["eager"].abs().max()
+    assert scale > 1e-2
+    assert (out[hf.NAME] - out["eager"]).abs().max() <= 1e-5 * scale
+
+
+def test_lazy_mask_added_to_float_scores_is_eagers_additive_mask():
+    """The rule behind Git's fix, on the mask alone: + and += with a float tensor give eager's 0 / finfo.min
+    mask of that tensor's dtype; bool contexts keep the bool mask."""
+    from transformers import masking_utils as mu
+
+    lazy = hf.attention_mask(2, 5, 5, mask_function=mu.causal_mask_function)
+    keep = lazy.to_dense()
+    for dtype in (torch.float32, torch.bfloat16):
+        scores = torch.randn(2, 4, 5, 5).to(dtype)
+        want = torch.where(keep, scores, scores + torch.finfo(dtype).min)
+        for got in (scores + lazy, lazy + scores, torch.add(scores, lazy), scores.clone().add_(lazy)):
+            assert got.dtype == dtype and torch.equal(got, want)
+        s = scores.clone()
+        s += lazy
+        assert torch.equal(s, want)
+    assert torch.equal(torch.where(lazy, 1.0, 0.0).bool(), keep)
+    assert torch.equal(~lazy, ~keep)
+
+
+def test_logits_to_keep_is_ignored():
+    q = torch.randn(1, 2, 5, 8)
+    module = torch.nn.Module()
+    module.is_causal = True
+    module.config = type("C", (), {"_attn_implementation": hf.NAME})()
+    lazy = hf.attention_mask(1, 5, 5)
+    a, _ = hf.attention_forward(module, q, q, q, lazy, logits_to_keep=1)
+    b, _ = hf.attention_forward(module, q, q, q, lazy)
+    assert torch.equal(a, b)
