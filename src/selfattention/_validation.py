@@ -87,6 +87,24 @@ def direct() -> Iterator[None]:
         _direct.depth -= 1
 
 
+def autocast_dtype(query: object) -> torch.dtype | None:
+    """The dtype ``torch.autocast`` casts attention's floating-point inputs to on ``query``'s device, or
+    None where it is off (torch's SDPA and flex_attention are on its lower-precision list: under CPU
+    bfloat16 autocast float32 inputs come back bfloat16)."""
+    if not isinstance(query, torch.Tensor) or symbolic():
+        return None
+    dev = query.device.type
+    try:
+        return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else None
+    except RuntimeError:  # a device autocast does not know (meta)
+        return None
+
+
+def autocast_cast(dtype: torch.dtype, *ts: object) -> tuple:
+    """``ts`` with every floating-point tensor in ``dtype`` (bool masks, ids, None and others as given)."""
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ts)
+
+
 def all_finite(t: torch.Tensor | None) -> bool:
     """True if ``t`` (None counts as finite) holds no NaN or ±inf. One vectorised sum first (a NaN or inf
     anywhere makes it non-finite); only if the sum is not finite — or overflows — the elementwise check."""

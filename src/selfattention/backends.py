@@ -26,7 +26,7 @@ import torch
 
 from . import functional as F
 from . import ops
-from ._validation import all_finite, check_bool, parse_attention, symbolic
+from ._validation import all_finite, autocast_cast, autocast_dtype, check_bool, parse_attention, symbolic
 from .kernels import vendor
 from .tiled import tiled_attention
 from .visibility import Visibility
@@ -116,6 +116,14 @@ def scaled_dot_product_attention(
     True
     """
     check_bool("return_lse", return_lse)
+    cast = autocast_dtype(query)
+    if cast is not None:  # as torch's SDPA under autocast: inputs in its dtype, the math without it
+        query, key, value, attn_mask = autocast_cast(cast, query, key, value, attn_mask)
+        with torch.autocast(query.device.type, enabled=False):
+            return scaled_dot_product_attention(
+                query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa=enable_gqa,
+                training=training, backend=backend, return_lse=return_lse,
+            )  # fmt: skip
     fn = _reference if backend is None else get_backend(backend)
     if symbolic():  # torch.compile / export / vmap / jit.trace: one registered op (selfattention.ops)
         if return_lse:

@@ -43,7 +43,7 @@ import torch
 from torch.nn.attention.flex_attention import AuxOutput, AuxRequest, BlockMask
 from torch.nn.attention.flex_attention import flex_attention as _torch_flex
 
-from ._validation import symbolic
+from ._validation import autocast_cast, autocast_dtype, resolve_scale, symbolic
 from .flex_masks import create_block_mask, create_mask, positional_args, takes, visibility_of
 from .kernels import engine, scored
 from .kernels.plan import row_spans
@@ -224,6 +224,14 @@ def flex_attention(
     tensor([[[[2.0000, 0.0000],
               [0.6605, 1.3395]]]])
     """
+    cast = autocast_dtype(query)
+    if cast is not None:  # as torch's flex_attention under autocast: inputs in its dtype, the math without it
+        query, key, value = autocast_cast(cast, query, key, value)
+        with torch.autocast(query.device.type, enabled=False):
+            return flex_attention(
+                query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse, kernel_options,
+                return_aux=return_aux,
+            )  # fmt: skip
     _check_qkv(query, key, value, enable_gqa)
     if symbolic():  # torch.compile / export / vmap: torch's own flex is the vendor kernel there
         return _torch_flex(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
@@ -245,12 +253,7 @@ def flex_attention(
         raise TypeError(f"score_mod must take (score, b, h, q_idx, kv_idx), got {what}")
     b, h, tq, e = query.shape
     tk = key.shape[2]
-    if scale is None:
-        scale = 1.0 / math.sqrt(e) if e > 0 else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, int | float):
-        raise TypeError(f"scale must be a finite number or None, got {type(scale).__name__}")
-    elif not math.isfinite(scale):
-        raise ValueError(f"scale must be a finite number or None, got {scale!r}")
+    scale = resolve_scale(scale, e)  # the one rule of every entry point (numpy scalars, 0-d tensors too)
     if key.shape[0] != b:
         key, value = key.expand(b, *key.shape[1:]), value.expand(b, *value.shape[1:])
     vis, (bq, bk) = visibility_of(block_mask, b, h, tq, tk, query.device)

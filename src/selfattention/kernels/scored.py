@@ -130,7 +130,9 @@ def attention(
     dv = v.shape[-1]
     acc = torch.promote_types(q.dtype, torch.float32)
     qa, ka, va = (t.to(acc) for t in (q, k, v))
-    grad = torch.is_grad_enabled()
+    # checkpointed where autograd may be needed (a tensor the mod closes over can require grad even when
+    # q, k, v do not); never for inference tensors (torch.inference_mode), which cannot be saved for it
+    grad = torch.is_grad_enabled() and not any(t.is_inference() for t in (qa, ka, va))
     outs, lses, maxes = [], [], []
     done = 0
 
