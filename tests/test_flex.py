@@ -317,6 +317,35 @@ def test_a_ready_document_mask_with_per_batch_ids_obeys_batch_0s_tables_as_a_lam
     assert same in flex_masks.STRUCTURE  # ids equal in every batch entry: still planned from the ids
 
 
+def test_tables_for_fewer_heads_or_more_batches_are_read_modulo_as_torch_kernels_do():
+    """A GQA call's block mask made for the key/value heads (H = 2 for 4 query heads), or for a larger batch:
+    torch's kernels read entry (z % B, h % H) of the tables (they raised a ValueError here). The mod depends
+    on the head, so the tables matter: query head h uses table h % H while the mod sees h itself, and a
+    full block is visible without the mod (as in the kernels). Oracle: full | (partial & mod), densely."""
+    from selfattention.visibility import FULL, PARTIAL
+
+    q, k, v = inputs(2, 4, 2, 70, 70, 8, 8)
+
+    def mod(b, h, qi, kv):
+        return (qi >= kv) | ((h < 2) & (kv < 40))
+
+    for B, H in ((1, 2), (3, 4), (3, 2)):
+        bm = sa.create_block_mask(mod, B, H, 70, 70, device="cpu", BLOCK_SIZE=16)
+        out = sa.flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
+        kinds = flex_masks.block_kinds(bm)[torch.arange(2) % B][:, torch.arange(4) % H]
+        kinds = kinds.repeat_interleave(16, 2).repeat_interleave(16, 3)[..., :70, :70]
+        full, part = kinds == FULL, kinds == PARTIAL
+
+        def seen(b, h, qi, kv, full=full, part=part):
+            return full[b, h, qi, kv] | (part[b, h, qi, kv] & mod(b, h, qi, kv))
+
+        ref, _ = oracle(*(t.detach().double() for t in (q, k, v)), seen)
+        assert (out.double() - ref).abs().max() < 1e-5, (B, H)
+        if H == 2:  # heads 2, 3 see keys their mod hides (full blocks of heads 0, 1): the tables matter
+            plain, _ = oracle(*(t.detach().double() for t in (q, k, v)), mod)
+            assert (plain - ref).abs().max() > 1e-2
+
+
 def test_bfloat16_within_twice_the_naive_error():
     q, k, v = inputs(1, 2, 2, 97, 97, 16, 16)
     bm = sa.create_block_mask(mods.sliding_window(30), 1, 2, 97, 97, device="cpu", BLOCK_SIZE=32)
@@ -381,8 +410,9 @@ def test_attention_sink_rescaling_equals_an_extra_logit_with_its_gradient():
 
 def test_bad_arguments_raise_clear_errors():
     q = torch.randn(1, 2, 8, 4)
-    with pytest.raises(ValueError, match="unknown keys"):
-        sa.flex_attention(q, q, q, kernel_options={"BLOCK_Z": 1})
+    with pytest.warns(UserWarning, match=r"\['BLOCK_Z'\] are not torch's FlexKernelOptions"):
+        out = sa.flex_attention(q, q, q, kernel_options={"BLOCK_Z": 1})  # torch accepts any key
+    assert torch.equal(out, sa.flex_attention(q, q, q))
     sa.flex_attention(q, q, q, kernel_options={"BLOCK_M": 64, "fwd_num_warps": 4, "BACKEND": "AUTO"})
     with pytest.raises(ValueError, match="not both"):
         sa.flex_attention(q, q, q, return_lse=True, return_aux=AuxRequest(lse=True))

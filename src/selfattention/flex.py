@@ -36,6 +36,7 @@ torch's ``BlockMask``): torch's compiled flex is the vendor kernel there, with t
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -75,8 +76,9 @@ _TUNING = (
 KERNEL_OPTIONS = frozenset(
     _TUNING + tuple(f"{p}_{k}" for p in ("fwd", "bwd") for k in _TUNING) + ("BACKEND",)
 )
-"""The ``kernel_options`` keys accepted (torch's FlexKernelOptions, also with ``fwd_``/``bwd_``): Triton
-tuning and backend choices that do not change results here, so they are no-ops. Others raise."""
+"""torch's FlexKernelOptions keys (also with ``fwd_``/``bwd_``): Triton tuning and backend choices that
+do not change results here, so they are no-ops. Other keys are ignored too, as torch's eager flex ignores
+them, with a warning naming them (a typo is not silent)."""
 _BACKENDS = ("AUTO", "TRITON", "TRITON_DECODE", "FLASH")
 
 
@@ -145,8 +147,12 @@ def _check_options(kernel_options) -> None:
         if key in kernel_options:
             raise ValueError(f"kernel_options: {key} is set internally; use return_aux=AuxRequest(...)")
     unknown = sorted(set(kernel_options) - KERNEL_OPTIONS)
-    if unknown:
-        raise ValueError(f"kernel_options: unknown keys {unknown} (known: torch's FlexKernelOptions)")
+    if unknown:  # torch passes any key on to its kernels (inductor's own: IS_DIVISIBLE, …): so do we
+        warnings.warn(
+            f"kernel_options: {unknown} are not torch's FlexKernelOptions keys; ignored here (torch hands "
+            "them to its Triton kernels)",
+            stacklevel=3,
+        )
     if "BACKEND" in kernel_options and kernel_options["BACKEND"] not in _BACKENDS:
         raise ValueError(
             f"kernel_options: BACKEND must be one of {_BACKENDS}, got {kernel_options['BACKEND']!r}"

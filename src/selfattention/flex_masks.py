@@ -224,11 +224,6 @@ def visibility_of(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device
         raise ValueError(
             f"block_mask must have 4-D tables (B, H, rows, cols), got {tuple(bm.kv_indices.shape)}"
         )
-    bb, bh = bm.kv_indices.shape[:2]
-    if bb not in (1, b) or bh not in (1, h):
-        raise ValueError(
-            f"block_mask has (B, H) = ({bb}, {bh}); query has B={b}, H={h} (each must match or be 1)"
-        )
     if bm.kv_num_blocks.device != device:
         raise RuntimeError(f"q/k/v are on {device} but the block_mask is on {bm.kv_num_blocks.device}")
     mod0, lens0, fields = STRUCTURE.get(bm, (None, None, None))
@@ -236,5 +231,11 @@ def visibility_of(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device
         fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()}
         return Visibility(tq, tk, **fields), (128, 128)
     mod = None if bm.mask_mod is noop_mask else bm.mask_mod
-    pred = Predicate(mod, b, h, block_kinds(bm), tuple(bm.BLOCK_SIZE), device=device)
+    kinds = block_kinds(bm)
+    bb, bh = kinds.shape[:2]
+    if bb not in (1, b) or bh not in (1, h):
+        # as torch's kernels read the tables: batch z and query head h use entry (z % B, h % H) — a mask
+        # made for the key/value heads of a GQA call, or for a larger batch, works there and here
+        kinds = kinds[torch.arange(b) % bb][:, torch.arange(h) % bh]
+    pred = Predicate(mod, b, h, kinds, tuple(bm.BLOCK_SIZE), device=device)
     return Visibility(tq, tk, mod=pred), tuple(bm.BLOCK_SIZE)
