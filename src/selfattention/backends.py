@@ -98,6 +98,9 @@ def scaled_dot_product_attention(
     merge exactly with :func:`selfattention.merge_states` (a backend registered by others gets
     ``return_lse=True`` passed only when asked, and must then return the pair).
 
+    Under ``torch.autocast`` the floating-point inputs (query, key, value, a float ``attn_mask``) are cast
+    to its dtype and the attention runs without it, as torch's SDPA does (bfloat16 out on CPU).
+
     >>> q = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     >>> scaled_dot_product_attention(q, q, 2 * q, backend="tiled")   # lecture 003: (1.340, 0.660), ...
     tensor([[1.3395, 0.6605],

@@ -219,6 +219,7 @@ def flex_attention(
         out (B, H, L, Ev) in query's dtype; with lse / aux as torch returns them (natural log, float32 at
         least; rows with no visible key: out 0, lse −inf, max −inf). Gradients reach query, key, value,
         the lse's users and any tensor the score_mod closes over.
+        Under ``torch.autocast`` query, key and value are cast to its dtype first, as torch's flex.
 
     Raises:
         TypeError, ValueError: bad shapes, dtypes, devices, a block mask for other lengths, unknown
