@@ -89,3 +89,26 @@ def test_flex_takes_the_scales_torch_takes(scale):
     ours = sa.flex_attention(q, k, v, scale=scale)
     assert (ours.double() - _ref(q, k, v, scale=0.3)).abs().max() < 1e-5
     assert (ours - torch_flex(q, k, v, scale=scale)).abs().max() < 1e-5
+
+
+def test_autocast_leaves_float64_alone_and_reaches_compiled_calls():
+    """torch's rule: autocast casts float32/16 inputs, never float64; and a compiled function that calls
+    attention under autocast gets the autocast dtype as torch's own SDPA does (found by a breaker run)."""
+    q64 = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+    q = torch.randn(1, 2, 16, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert sa.scaled_dot_product_attention(q64, q64, q64, backend="tiled").dtype == torch.float64
+        assert sa.flex_attention(q64, q64, q64).dtype == torch.float64
+
+    def ours(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return sa.scaled_dot_product_attention(x, x, x, backend="tiled")
+
+    def theirs(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return F.scaled_dot_product_attention(x, x, x)
+
+    got = torch.compile(ours, backend="aot_eager", fullgraph=True)(q)
+    want = torch.compile(theirs, backend="aot_eager")(q)
+    assert got.dtype == want.dtype == torch.bfloat16
+    assert (got.float() - want.float()).abs().max() < 3e-2

@@ -346,6 +346,34 @@ def test_tables_for_fewer_heads_or_more_batches_are_read_modulo_as_torch_kernels
             assert (plain - ref).abs().max() > 1e-2
 
 
+@pytest.mark.parametrize("mask_batch, query_batch", [(2, 1), (4, 2), (4, 3)])
+def test_ready_document_masks_made_for_a_larger_batch(mask_batch, query_batch):
+    """A ready document mod (alone and in and_masks) in a BlockMask made for more batch entries than the
+    query has: its ids are read at z % B like the tables (it crashed with a reshape error; a lambda did
+    not). Oracle: the same predicate as a lambda, and float64 math."""
+    t = 64
+    doc = torch.zeros(4, t, dtype=torch.long)
+    for z, cut in enumerate((20, 40, 10, 50)):
+        doc[z, cut:] = 1
+    d = doc[:mask_batch]
+    q, k, v = inputs(query_batch, 2, 2, t, t, 8, 8)
+    for ready, lam in (
+        (mods.document_mask(d), lambda b, h, i, j: d[b, i] == d[b, j]),
+        (
+            mods.and_masks(mods.document_mask(d), mods.causal_mask),
+            lambda b, h, i, j: (d[b, i] == d[b, j]) & (i >= j),
+        ),
+    ):
+        got = sa.flex_attention(
+            q, k, v, block_mask=sa.create_block_mask(ready, mask_batch, 1, t, t, device="cpu")
+        )
+        plain = sa.flex_attention(
+            q, k, v, block_mask=sa.create_block_mask(lam, mask_batch, 1, t, t, device="cpu")
+        )
+        ref, _ = oracle(*(x.detach().double() for x in (q, k, v)), lam)
+        assert (got.double() - ref).abs().max() < 1e-5 and (plain.double() - ref).abs().max() < 1e-5
+
+
 def test_bfloat16_within_twice_the_naive_error():
     q, k, v = inputs(1, 2, 2, 97, 97, 16, 16)
     bm = sa.create_block_mask(mods.sliding_window(30), 1, 2, 97, 97, device="cpu", BLOCK_SIZE=32)

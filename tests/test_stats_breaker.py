@@ -418,3 +418,29 @@ def test_scores_of_a_billion_give_weights_one_hot_on_the_largest_score(small_til
     if top_k:
         assert torch.allclose(st.topk_weights.double(), r_tw, atol=1e-5)
         assert torch.equal(st.topk_indices[..., 0], w.argmax(-1))
+
+
+@pytest.mark.parametrize("exponent", [20, 26, 40, 50])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tied_huge_scores_share_their_weight(small_tiles, exponent, causal):
+    """Two keys tied at the largest score 2ᵉ·|q|: ℓ = s + log 2 rounds to s in float32 from 2²⁴ on, and the
+    gemm's −ℓ + correction column rounded the correction away: each tied key got weight 1 and the entropy
+    0 (found by a breaker run). With a large ℓ every term is now added after the score."""
+    q = torch.zeros(1, 1, 5, 3)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, 5, 3)
+    k[0, 0, :, 0] = torch.tensor([1.0, -1.0, 1.0, 0.5, 1.0])  # ties at keys 0, 2, 4
+    v = _rand(1, 1, 5, 4, dtype=torch.float32, seed=7)
+    out, st = tiled_attention_with_stats(q, k, v, is_causal=causal, scale=2.0**exponent, top_k=3)
+    vis = torch.ones(5, 5, dtype=torch.bool)
+    if causal:
+        vis = vis.tril()
+    # the oracle as softmax (max subtracted: exact in float64 for ties, where s − logsumexp(s) is not at 2⁵⁰)
+    sc = (q.double() @ k.double().transpose(-1, -2) * 2.0**exponent).masked_fill(~vis, -math.inf)
+    w = torch.softmax(sc, -1)
+    ent = -(w * torch.log(w.clamp_min(1e-300))).sum(-1)
+    assert torch.allclose(st.topk_weights.double(), w.topk(3, -1).values, atol=1e-5)
+    assert torch.allclose(st.entropy.double(), ent, atol=1e-5)
+    assert torch.allclose(st.column_sums.double(), w.sum(-2), atol=1e-5)
+    assert torch.allclose(out.double(), w @ v.double(), atol=1e-5)
+    assert ent.max() > 1.0  # log 3 where three keys tie: the case is live

@@ -91,7 +91,7 @@ def autocast_dtype(query: object) -> torch.dtype | None:
     """The dtype ``torch.autocast`` casts attention's floating-point inputs to on ``query``'s device, or
     None where it is off (torch's SDPA and flex_attention are on its lower-precision list: under CPU
     bfloat16 autocast float32 inputs come back bfloat16)."""
-    if not isinstance(query, torch.Tensor) or symbolic():
+    if not isinstance(query, torch.Tensor):
         return None
     dev = query.device.type
     try:
@@ -101,8 +101,12 @@ def autocast_dtype(query: object) -> torch.dtype | None:
 
 
 def autocast_cast(dtype: torch.dtype, *ts: object) -> tuple:
-    """``ts`` with every floating-point tensor in ``dtype`` (bool masks, ids, None and others as given)."""
-    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in ts)
+    """``ts`` with every tensor autocast would cast in ``dtype``: floating point but not float64, as
+    torch's rule (float64 stays float64; bool masks, ids, None and others as given)."""
+    return tuple(
+        t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
+        for t in ts
+    )
 
 
 def all_finite(t: torch.Tensor | None) -> bool:

@@ -171,6 +171,14 @@ def create_block_mask(
     return bm
 
 
+def _batch_rows(value: torch.Tensor, b: int) -> torch.Tensor:
+    """A recognised mod's per-batch field (ids (B', T)) for a query batch of ``b``: row z is row z % B', as
+    the kernels read a mask made for another batch size (a 1-D field is shared by every batch entry)."""
+    if value.dim() < 2 or value.shape[0] in (1, b):
+        return value
+    return value[torch.arange(b, device=value.device) % value.shape[0]]
+
+
 def _tables_cover(fields: dict, b: int) -> bool:
     """Whether tables made for ``b`` batch entries describe a recognised mod's every batch entry: with
     B = None (b = 1) and document ids that differ per batch entry, the tables are batch 0's and are
@@ -228,7 +236,9 @@ def visibility_of(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device
         raise RuntimeError(f"q/k/v are on {device} but the block_mask is on {bm.kv_num_blocks.device}")
     mod0, lens0, fields = STRUCTURE.get(bm, (None, None, None))
     if fields is not None and bm.mask_mod is mod0 and tuple(bm.seq_lengths) == lens0:
-        fields = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()}
+        fields = {
+            k: (_batch_rows(v, b).to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()
+        }
         return Visibility(tq, tk, **fields), (128, 128)
     mod = None if bm.mask_mod is noop_mask else bm.mask_mod
     kinds = block_kinds(bm)

@@ -96,8 +96,13 @@ def sweep(
     seen_lse = lse[torch.isfinite(lse)]
     big = seen_lse.numel() > 0 and float(seen_lse.abs().amax()) * torch.finfo(lse.dtype).eps > 1e-5
     corr = q.new_zeros((b, h, tq))
+    qs = q * prob.scale
+    # with a large ℓ every term is added after the score (s, then − ℓ, then a correction): the gemm's −ℓ
+    # column rounds s − ℓ to ulp(s) and −ℓ + corr to ulp(ℓ) (two tied keys at 2²⁶: log 2 vanished, weight 1
+    # each)
+    separate = big
     ent, vals, idx, cols, zsum = _pass(
-        q * prob.scale, k, neg_lse, corr, prob, top_k, columns, blind, biased or big
+        qs, k, neg_lse, corr, prob, top_k, columns, blind, biased or big, separate
     )
     if zsum is not None:
         # A bias of large finite values (−1e9, finfo.min: transformers' padding rows) swamps the scores: ℓ
@@ -109,10 +114,9 @@ def sweep(
         # by their largest log α first (the top weight becomes exp(0) = 1), then summed once more.
         # Such rows take ℓ = their largest score instead, and every term is added after the score (the
         # gemm's −ℓ column would round s − ℓ to ulp(s)): the top weight is then exp(s − s) = 1 exactly.
-        qs = q * prob.scale
         lost = torch.isfinite(lse) & ~((zsum > 0) & torch.isfinite(zsum))
-        separate = bool(lost.any())
-        if separate:
+        relost = bool(lost.any())
+        if relost:
             zero = torch.zeros((), dtype=neg_lse.dtype, device=neg_lse.device)
             top = _pass(qs, k, torch.where(lost, zero, neg_lse), corr, prob, 1, False, blind, False, True)[1]
             lost = lost & torch.isfinite(top[..., 0])
@@ -120,9 +124,9 @@ def sweep(
             zsum = _pass(qs, k, neg_lse, corr, prob, 0, False, blind, True, True)[4]
         seen = zsum > 0
         off = torch.where(seen, zsum, torch.ones((), dtype=zsum.dtype, device=zsum.device)).log()
-        if separate or bool((off.abs() > math.sqrt(torch.finfo(q.dtype).eps)).any()):
+        if relost or bool((off.abs() > math.sqrt(torch.finfo(q.dtype).eps)).any()):
             ent, vals, idx, cols, _ = _pass(
-                qs, k, neg_lse, -off, prob, top_k, columns, blind, False, separate
+                qs, k, neg_lse, -off, prob, top_k, columns, blind, False, separate or relost
             )
     hidden = vals == -math.inf
     # below the floor a weight is 0, as in the column sums and the entropy (exp would give a denormal)
