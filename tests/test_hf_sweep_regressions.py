@@ -95,6 +95,43 @@ def test_lazy_mask_added_to_float_scores_is_eagers_additive_mask():
     assert torch.equal(~lazy, ~keep)
 
 
+def test_the_add_rule_survives_slices_expands_methods_and_keywords():
+    """``causal_mask = attention_mask[:, :, :, :k]`` then ``scores + causal_mask`` (the usual eager code),
+    ``expand``, ``mask.add(scores)``, keyword forms, ``baddbmm`` with the mask as the added term: all give
+    eager's additive mask (found by a breaker run: they added 1 and hid nothing). What changes the meaning
+    (``~``, a comparison, ``float()``) is a plain tensor, as from a plain bool mask."""
+    from transformers import masking_utils as mu
+
+    from selfattention.hf_maskview import MaskView
+
+    lazy = hf.attention_mask(1, 4, 4, mask_function=mu.causal_mask_function)
+    keep = lazy.to_dense()
+    sc = torch.randn(1, 2, 4, 4)
+    low = torch.finfo(torch.float32).min
+    want = torch.where(keep, sc, sc + low)
+    cases = [
+        sc + lazy[:, :, :, :4], lazy[:, :, :, :4] + sc, sc + lazy.expand(1, 2, 4, 4), lazy.add(sc),
+        sc.add(other=lazy), torch.add(input=sc, other=lazy), torch.add(sc, lazy[0]), sc + (lazy & keep),
+        sc + lazy.reshape(1, 1, 4, 4).contiguous(),
+    ]  # fmt: skip
+    for got in cases:
+        assert type(got) is torch.Tensor and torch.equal(got, want)
+    mats = torch.randn(2, 4, 3), torch.randn(2, 3, 4)
+    assert torch.equal(torch.baddbmm(lazy[0], *mats), torch.where(keep[0], mats[0] @ mats[1], low))
+    for meaning_changed in (~lazy, lazy == 0, lazy.float(), lazy[:, :, :2] != 0):
+        assert type(meaning_changed) is torch.Tensor
+    assert torch.equal(sc + lazy.float(), sc + keep.float())
+    view = lazy[:, :, :, :4]
+    assert isinstance(view, MaskView) and isinstance(view, torch.Tensor) and view.dtype == torch.bool
+    module = torch.nn.Module()
+    module.is_causal = True
+    module.config = type("C", (), {"_attn_implementation": hf.NAME})()
+    q = torch.randn(1, 2, 4, 8)
+    a, _ = hf.attention_forward(module, q, q, q, view)  # a sliced mask handed on to the attention
+    b, _ = hf.attention_forward(module, q, q, q, keep)
+    assert torch.equal(a, b)
+
+
 def test_logits_to_keep_is_ignored():
     q = torch.randn(1, 2, 5, 8)
     module = torch.nn.Module()

@@ -104,7 +104,9 @@ def autocast_cast(dtype: torch.dtype, *ts: object) -> tuple:
     """``ts`` with every tensor autocast would cast in ``dtype``: floating point but not float64, as
     torch's rule (float64 stays float64; bool masks, ids, None and others as given)."""
     return tuple(
-        t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
+        t.to(dtype)
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+        else t
         for t in ts
     )
 

@@ -90,6 +90,8 @@ from ._validation import check_dropout
 from .backends import scaled_dot_product_attention
 from .functional import attention_steps, attention_weights
 from .hf_masks import engine_attention
+from .hf_maskview import MaskView
+from .hf_maskview import plain as plain_tensor
 from .hf_recipe import LazyMask, mask_function
 from .visibility import Visibility
 
@@ -337,6 +339,7 @@ def attention_forward(
         RuntimeError: a mask-less call for an attention name without a registered mask function.
     """
     _refuse_unknown(module, kwargs)
+    attention_mask = plain_tensor(attention_mask) if isinstance(attention_mask, MaskView) else attention_mask
     want = wants_weights(kwargs)
     lazy = attention_mask if isinstance(attention_mask, LazyMask) else None
     if attention_mask is not None and lazy is None and not isinstance(attention_mask, torch.Tensor):

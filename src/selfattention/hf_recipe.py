@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from .hf_maskview import MaskView, additive
 from .visibility import Predicate, Visibility
 
 __all__ = ["LazyMask", "RecipeParts", "mask_function", "recognise"]
@@ -97,56 +98,37 @@ class LazyMask:
     def additive(self, dtype: torch.dtype) -> torch.Tensor:
         """Float (B, 1, Tq, Tk) of ``dtype``: 0 = attend, ``finfo(dtype).min`` = hidden — transformers'
         ``eager_mask`` of this recipe."""
-        keep = self.to_dense()
-        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
-            ~keep, torch.finfo(dtype).min
-        )
+        return additive(self.to_dense(), dtype)
+
+    def tensor_view(self) -> MaskView:
+        """:meth:`to_dense` as a :class:`~selfattention.hf_maskview.MaskView`: what a model's own code
+        computes with (see below)."""
+        return self.to_dense().as_subclass(MaskView)
 
     # A model whose own code computes with the 4-D mask before the attention call (Doge's dynamic mask:
     # torch.where on it, a slice, a comparison) gets the dense mask it stands for at that point — exactly
-    # transformers' sdpa_mask — through torch functions, Tensor methods, indexing and operators alike.
-    # Added to floating-point scores (a model that runs its own eager attention on the mask transformers
-    # built for this attention: Git, BigBird-Pegasus) it is eager's additive mask: the bool one would add
-    # 1 to the visible scores and hide nothing. Never a silent wrong answer; only the lazy savings are lost.
+    # transformers' sdpa_mask — through torch functions, Tensor methods, indexing and operators alike, as a
+    # MaskView: added to floating-point scores, directly or after a slice or expand (a model running its own
+    # eager attention on the mask built for ours: Git, BigBird-Pegasus), it is eager's additive mask.
+    # Never a silent wrong answer; only the lazy savings are lost.
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _ADDS:
-            dtype = _float_operand(args)
-            if dtype is not None:
-                args = tuple(a.additive(dtype) if isinstance(a, LazyMask) else a for a in args)
-        return func(*densified(args), **densified(kwargs))
+        return func(*_viewed(args), **_viewed(kwargs or {}))
 
     def __getitem__(self, index):
-        return self.to_dense()[index]
+        return self.tensor_view()[index]
 
     def __getattr__(self, name: str):
         if name.startswith("__") or not hasattr(torch.Tensor, name):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        return getattr(self.to_dense(), name)
+        return getattr(self.tensor_view(), name)
 
     __hash__ = object.__hash__
 
 
-_ADDS = frozenset(
-    {torch.add, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.__add__, torch.Tensor.__radd__,
-     torch.Tensor.__iadd__}
-)  # fmt: skip
-
-
-def _float_operand(args: tuple) -> torch.dtype | None:
-    """The dtype of the first floating-point tensor among ``args``, if any."""
-    for a in args:
-        if isinstance(a, torch.Tensor) and a.is_floating_point():
-            return a.dtype
-    return None
-
-
 def _dense_operator(name: str):
     def op(self: LazyMask, *args):
-        dtype = _float_operand(args) if name in ("__add__", "__radd__") else None
-        dense = self.to_dense() if dtype is None else self.additive(dtype)
-        return getattr(dense, name)(*densified(args))
+        return getattr(self.tensor_view(), name)(*_viewed(args))
 
     op.__name__ = name
     return op
@@ -158,14 +140,14 @@ for _op in (
     setattr(LazyMask, f"__{_op}__", _dense_operator(f"__{_op}__"))
 
 
-def densified(x: Any) -> Any:
-    """``x`` with every :class:`LazyMask` in it (also inside tuples, lists and dicts) as its dense mask."""
+def _viewed(x: Any) -> Any:
+    """``x`` with every :class:`LazyMask` in it (also inside tuples, lists and dicts) as its MaskView."""
     if isinstance(x, LazyMask):
-        return x.to_dense()
+        return x.tensor_view()
     if isinstance(x, tuple | list):
-        return type(x)(densified(v) for v in x)
+        return type(x)(_viewed(v) for v in x)
     if isinstance(x, dict):
-        return {k: densified(v) for k, v in x.items()}
+        return {k: _viewed(v) for k, v in x.items()}
     return x
 
 
