@@ -476,7 +476,7 @@ def test_dropout_only_in_training():
     ("kwargs", "error", "message"),
     [
         ({"alibi_slopes": torch.ones(4)}, TypeError, "'alibi_slopes'"),
-        ({"block_indices": 3}, ValueError, "block_indices .*need the attention_mask"),
+        ({"block_indices": 3}, ValueError, "block_indices need the key block size"),
         ({"window_size": (4, 0)}, TypeError, "'window_size'"),
         ({"softcap": 0.0}, ValueError, "softcap must be"),
         ({"softcap": float("nan")}, ValueError, "softcap must be"),

@@ -109,10 +109,22 @@ def test_bad_indices_are_refused_by_name(name, bad, message):
         hf.attention_forward(_block_module(), q, k, v, mask, **{name: bad})
 
 
-def test_indices_without_a_mask_are_refused():
-    q, k, v, idx, _ = _case()
-    with pytest.raises(ValueError, match="need the attention_mask"):
-        hf.attention_forward(_module(), q, k, v, None, indices=idx)
+@pytest.mark.parametrize("name", ["indices", "block_indices"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_a_selection_without_a_mask_takes_the_mask_less_rule(name, causal):
+    """No mask (under torch.compile transformers' sdpa_mask gives None for an unpadded causal batch): the
+    mask-less call's rule — causal top-left from module.is_causal, or every key — ANDed with the selection
+    (before: a ValueError)."""
+    q, k, v, sel, _ = _case() if name == "indices" else _block_case()
+    tk = k.shape[-2]
+    module = _block_module()
+    module.is_causal = causal
+    rule = torch.ones(9, tk, dtype=torch.bool)
+    if causal:
+        rule = rule.tril()
+    ours, _ = hf.attention_forward(module, q, k, v, None, **{name: sel})
+    want, _ = hf.attention_forward(module, q, k, v, rule[None, None].expand(3, 1, 9, tk), **{name: sel})
+    assert torch.equal(ours, want)
 
 
 # --- block_indices: MiniMax M3's block-sparse indexer (transformers' modeling_minimax_m3_vl.py) -----------

@@ -38,7 +38,8 @@ s_aux, sinks        attention-sink logits, one per head (``s_aux``, shape (H,)) 
                     (B, H, Tq, 1)): an extra key every query sees with that logit and a zero value, so
                     the weights of a row sum to less than 1 (gpt-oss).
 indices             (B, Tq, K) integer: the K keys each query may see (DeepSeek sparse attention's
-                    indexer), ANDed with the mask — the dense mask, as transformers' eager/sdpa form it.
+                    indexer), ANDed with the mask — the dense mask, as transformers' eager/sdpa form it
+                    (no mask: with the mask-less rule below, causal top-left or every key).
 block_indices       (B, H_idx, Tq, K) integer: the K key *blocks* each query may see, −1 for none
                     (MiniMax M3's block-sparse indexer; blocks of ``module.indexer.block_size`` keys,
                     one selection per group of H / H_idx query heads), ANDed with the mask the same way.
@@ -352,9 +353,11 @@ def attention_forward(
         # sparse attention: only the selected keys, within the mask (dense, as sdpa's)
         if sel is None:
             continue
-        if attention_mask is None:
-            raise ValueError(f"{name} (the keys each query may see) need the attention_mask to AND with")
         b, tq, tk = query.shape[0], query.shape[-2], key.shape[-2]
+        if attention_mask is None:  # the mask-less call's own rule (below): causal top-left, or every key
+            flag = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+            every = torch.ones(tq, tk, dtype=torch.bool, device=query.device)
+            attention_mask = (_top_left(tq, tk, None, query.device) if flag and tq > 1 else every)[None, None]
         if name == "indices":
             keep = hf_dense.selected_keys(sel, b, tq, tk, query.device)
         else:
