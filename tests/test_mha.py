@@ -271,3 +271,23 @@ def test_feature_size_mismatch_names_the_module_size():
     with pytest.raises(ValueError, match=r"value has 6 features .* vdim is 7"):
         mha(q, k, k)
     assert mha(q, k, v)[0].shape == (1, 3, 16)
+
+
+@pytest.mark.parametrize("backend", [None, "tiled", "torch"])
+def test_a_visibility_as_attn_mask(backend):
+    """forward's attn_mask takes a Visibility, as annotated (it raised TypeError on every backend; found by
+    a breaker run): causal as a Visibility equals is_causal=True, with a key padding mask too, and a window
+    shows each query its last W keys in the weights."""
+    from selfattention import Visibility
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 7, 16)
+    pad = torch.ones(2, 7, dtype=torch.bool)
+    pad[0, :2] = False
+    m = MultiHeadAttention(16, 4, backend=backend).eval()
+    a, _ = m(x, is_causal=True, key_padding_mask=pad)
+    b, _ = m(x, attn_mask=Visibility(7, 7, is_causal=True), key_padding_mask=pad)
+    assert torch.allclose(a, b, atol=1e-6)
+    _, w = m(x, attn_mask=Visibility(7, 7, is_causal=True, window=3), need_weights=True)
+    want = torch.ones(7, 7, dtype=torch.bool).tril() & ~torch.ones(7, 7, dtype=torch.bool).tril(-3)
+    assert torch.equal(w.ne(0).expand(2, 4, 7, 7), want.expand(2, 4, 7, 7))

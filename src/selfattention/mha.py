@@ -251,13 +251,15 @@ class MultiHeadAttention(nn.Module):
             )
         return kpm[:, None, None, :]  # (B, 1, 1, Tk) broadcasts over heads and queries
 
-    def _attn_mask(self, m: torch.Tensor | None, is_causal: bool) -> torch.Tensor | Visibility | None:
-        if m is None:
-            return None
+    def _attn_mask(
+        self, m: torch.Tensor | Visibility | None, is_causal: bool
+    ) -> torch.Tensor | Visibility | None:
+        if m is None or isinstance(m, Visibility):  # a Visibility (causal at an offset, a window, …) as given
+            return m
         if isinstance(m, CausalBias):  # torch's causal_upper_left / causal_lower_right: its Visibility
             return from_causal_bias(m, None, None, is_causal)
         if not isinstance(m, torch.Tensor):
-            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(m).__name__}")
+            raise TypeError(f"attn_mask must be a torch.Tensor, a Visibility or None, got {type(m).__name__}")
         if m.dim() == 3:
             raise ValueError(
                 f"attn_mask of shape {_fmt(m.shape)} is ambiguous: pass (Tq, Tk) or a 4-D mask "
