@@ -120,6 +120,21 @@ def test_word_ids_group_minilm_subwords():
 
 @pytest.mark.model
 @pytest.mark.skipif(not (_HAVE_MODEL and _HAVE_JIEBA), reason="needs the model extra and jieba")
+def test_unknown_tokens_belong_to_their_words():
+    """MiniLM reads most Chinese characters as [UNK]; each still has its characters' offsets, so jieba's
+    words group them (all_special_ids lists [UNK]: every [UNK] was a word of its own; breaker run)."""
+    from selfattention import pretrained
+
+    _net, tok = pretrained.load_model()
+    text = "我喜欢吃苹果。"
+    ids = tok(text)["input_ids"]
+    assert tok.convert_ids_to_tokens(ids).count("[UNK]") >= 3
+    g = words.word_groups(text, tok, ids, segmenter="jieba")
+    assert g.words == ["[CLS]", "我", "喜欢", "吃", "苹果", "。", "[SEP]"]
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not (_HAVE_MODEL and _HAVE_JIEBA), reason="needs the model extra and jieba")
 @pytest.mark.skipif(not _has_m3e(), reason="needs the m3e-small model (make zh)")
 def test_jieba_groups_m3e_characters_into_words():
     from selfattention import pretrained

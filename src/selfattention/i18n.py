@@ -136,6 +136,12 @@ def _(message: str) -> str:
     return _translation.gettext(message) if message else message
 
 
+def pgettext(context: str, message: str) -> str:
+    """``message`` in the current language where the same English word means something else elsewhere
+    (``context`` tells them apart in the catalog: ``msgctxt``)."""
+    return _translation.pgettext(context, message) if message else message
+
+
 def ngettext(singular: str, plural: str, n: int) -> str:
     """The singular or plural form of a message for the count ``n``, in the current language."""
     return _translation.ngettext(singular, plural, n)

@@ -209,15 +209,22 @@ def word_groups(
         segmenter = "jieba" if has_cjk(text) else "word_ids"
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("the word view needs a fast tokenizer (character offsets and word ids)")
-    enc = tokenizer(text, truncation=True, max_length=len(ids), return_offsets_mapping=True)
+    enc = tokenizer(
+        text,
+        truncation=True,
+        max_length=len(ids),
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
     if list(enc["input_ids"]) != ids:
         raise ValueError(
             "input_ids are not what the tokenizer makes of text: give the run's own text and ids"
         )
-    special_ids = set(tokenizer.all_special_ids)
+    # the tokens the tokenizer added ([CLS], [SEP]); an [UNK] stands for characters of the text and has
+    # their offsets, so it belongs to its word (all_special_ids lists [UNK] too)
     spans: list[tuple[int, int] | None] = [
-        None if i in special_ids else (int(a), int(b))
-        for i, (a, b) in zip(ids, enc["offset_mapping"], strict=True)
+        None if added else (int(a), int(b))
+        for added, (a, b) in zip(enc["special_tokens_mask"], enc["offset_mapping"], strict=True)
     ]
     tokens = tokenizer.convert_ids_to_tokens(ids)
     if segmenter == "jieba":

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from ..i18n import N_, _
+from ..i18n import N_, _, pgettext
 from . import UsageError, console
 
 lesson_app = typer.Typer(
@@ -32,7 +32,6 @@ _STATUS_TEXT = {
 #: the words of ``Lesson.status`` and ``Lesson.kind`` as shown
 _WORDS = {
     "run": N_("run"),
-    "model": N_("model"),
     "checker": N_("checker"),
     "discussed": N_("discussed"),
     "measured": N_("measured"),
@@ -49,7 +48,9 @@ def status_text(lesson: Any) -> str:
     """``Lesson.status`` (``run, model, 2 min`` ...) in the interface language."""
     words = []
     for w in lesson.status.split(", "):
-        if w in _WORDS:
+        if w == "model":  # the lesson needs the model (not the noun of a table column: 模型)
+            words.append(pgettext("lesson status", "model"))
+        elif w in _WORDS:
             words.append(_(_WORDS[w]))
         elif w.endswith(" min") and w[:-4].isdigit():
             words.append(_("{n} min").format(n=w[:-4]))
