@@ -169,3 +169,53 @@ def test_a_learner_that_modifies_its_inputs_is_told():
 
     report = grade(scaled_dot_product_attention)
     assert not report.passed and report.codes == ["mutates_input"]
+
+
+def test_os_exit_and_base_exceptions_are_findings(tmp_path):
+    """``os._exit(0)`` in the learner's code ended the grader with exit 0 and no report (an autograder read
+    success); a bare ``BaseException`` printed the grader's own traceback (CLI breaker run)."""
+    import os
+
+    real = os._exit
+
+    def hard(X):
+        os._exit(0)
+
+    def base(X):
+        raise BaseException("boom")
+
+    for fn, text in ((hard, "os._exit(0) called"), (base, "BaseException: boom")):
+        report = grade(fn, task="simple")
+        assert report.codes == ["exception"] and text in report.findings[0].detail and not report.passed
+    assert os._exit is real
+    loads = tmp_path / "loads.py"
+    loads.write_text("import os\nos._exit(0)\ndef simple_attention(X):\n    return X\n", encoding="utf-8")
+    assert "os._exit(0) called" in grade_file(loads, task="simple").findings[0].detail
+
+
+def test_a_nested_list_result_is_the_output_and_data_writes_are_mutations():
+    """``out.tolist()`` is graded as the output (it was read as (output, weights, …): wrong shape); writing
+    through ``.data`` or numpy changes the caller's tensor without moving torch's version counter."""
+
+    def as_list(X):
+        return (torch.softmax(X @ X.T, dim=-1) @ X).tolist()
+
+    assert grade(as_list, task="simple").passed
+
+    def through_data(q, k, v, mask=None):
+        q.data.div_(math.sqrt(q.shape[-1]))
+        s = q @ k.transpose(-2, -1)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0) @ v
+
+    def through_numpy(q, k, v, mask=None):
+        q.numpy()[...] /= math.sqrt(q.shape[-1])
+        s = q @ k.transpose(-2, -1)
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        return torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0) @ v
+
+    for fn in (through_data, through_numpy):
+        report = grade(fn, task="sdpa")
+        assert "mutates_input" in report.codes and not report.passed, fn.__name__

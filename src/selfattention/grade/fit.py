@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import itertools
+import os
 import signal
 import sys
 import threading
@@ -139,22 +140,47 @@ MUTATED: list[str] = []
 
 
 def call_watched(fn: Callable[..., Any], args: tuple[Any, ...], names: tuple[str, ...]) -> Any:
-    """``fn(*args)``, noting in :data:`MUTATED` the name of every tensor argument the call changed in place
-    (``div_``, ``x /= …``, ``x[...] = …``: torch's version counter of that tensor moved)."""
+    """``fn(*args)``, noting in :data:`MUTATED` the name of every tensor argument the call changed in place:
+    torch's version counter moved (``div_``, ``x /= …``, ``x[...] = …``) or its values differ from a copy
+    taken before the call (``x.data.div_``, ``x.numpy()[...] /= …`` bypass the counter)."""
     versions = [a._version if isinstance(a, torch.Tensor) else None for a in args]
+    copies = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in args]
     try:
         return fn(*args)
     finally:
-        for name, a, before in zip(names, args, versions, strict=False):
-            if before is not None and a._version != before and name not in MUTATED:
+        for name, a, before, copy in zip(names, args, versions, copies, strict=False):
+            if before is None or name in MUTATED:
+                continue
+            if a._version != before or not torch.equal(_nan_safe(a.detach()), _nan_safe(copy)):
                 MUTATED.append(name)
 
 
+def _nan_safe(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with NaN as a value that compares equal to itself (``torch.equal`` sees NaN ≠ NaN)."""
+    return t.nan_to_num(nan=0.125, posinf=1e30, neginf=-1e30) if t.is_floating_point() else t
+
+
 def first_output(result: Any) -> Any:
-    """A learner's result: its first element when it returns (output, weights, …)."""
+    """A learner's result: its first element when it returns (output, weights, …); a nested list of numbers
+    (``out.tolist()``) is the output itself."""
     if isinstance(result, tuple | list) and result and not isinstance(result[0], int | float):
+        if isinstance(result, list) and _numeric_rows(result):
+            return result
         return result[0]
     return result
+
+
+def _numeric_rows(rows: list) -> bool:
+    """Whether ``rows`` is a nested list of numbers (every row a list of numbers or of such lists)."""
+    return all(
+        isinstance(r, list)
+        and r
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in r)
+        or isinstance(r, list)
+        and r
+        and _numeric_rows(r)
+        for r in rows
+    )
 
 
 def last_line_of(e: BaseException) -> str:
@@ -163,12 +189,27 @@ def last_line_of(e: BaseException) -> str:
     return lines[-1].strip() if lines else type(e).__name__
 
 
+class HardExit(SystemExit):
+    """``os._exit`` called by the learner's code: a finding, not the end of the grader (the real one would
+    end the process with no report, and exit code 0 reads as success to an autograder)."""
+
+
+def _hard_exit(code: int = 0) -> None:
+    raise HardExit(f"os._exit({code}) called")
+
+
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """Run learner code with its prints sent to stderr (stdout may carry a JSON report) and warnings off."""
-    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+    """Run learner code with its prints sent to stderr (stdout may carry a JSON report), warnings off and
+    ``os._exit`` raising :class:`HardExit` instead of ending the process."""
+    real_exit = os._exit
+    os._exit = _hard_exit  # type: ignore[assignment]
+    try:
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        os._exit = real_exit
 
 
 #: seconds one call of the learner's code may take (where a timer can interrupt it: the main thread of a
@@ -211,7 +252,11 @@ def run_safely(fn: Callable[[], Any]) -> Outcome:
     try:
         with quiet(), torch.no_grad(), time_limit(TIME_LIMIT):
             return as_outputs(fn())
-    except (Exception, SystemExit) as e:  # the learner's exceptions are findings, never crashes
+    except KeyboardInterrupt:
+        raise
+    except (
+        BaseException
+    ) as e:  # the learner's exceptions (sys.exit, os._exit too) are findings, never crashes
         return Raised(type(e).__name__, last_line_of(e))
 
 

@@ -61,7 +61,9 @@ def load_file(path: Path) -> tuple[dict[str, Any], str | None]:
     try:
         with quiet(), time_limit(fit.TIME_LIMIT):
             exec(code, namespace)  # noqa: S102 — the point of the grader
-    except (Exception, SystemExit) as e:  # the learner's error is a finding, never a crash
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # the learner's error (sys.exit, os._exit too) is a finding, never a crash
         return {}, last_line_of(e)
     finally:
         if folder in sys.path:
