@@ -229,3 +229,23 @@ def test_script_prints_one_red_line_not_a_traceback(tmp_path):
     assert "Traceback" not in r.stderr and r.stdout == ""
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "pattern"),
+    [("", r"--png must be a \.png file"), ("r.txt", r"--png must be a \.png file, got 'r\.txt'"),
+     ("r.jpg", r"\.png file"), (f"{UNWRITABLE_DIR}/r.png", r"--png: the folder")],
+)  # fmt: skip
+def test_report_png_names_are_checked_before_the_model_runs(tmp_path, capsys, monkeypatch, name, pattern):
+    """``--png ""`` wrote a hidden ``.png`` and exited 0, ``--png r.txt`` ran the model and then failed in
+    matplotlib, ``--png r.jpg`` wrote a JPEG (CLI breaker run). The model never loads here."""
+    import selfattention.pretrained as pretrained
+
+    def no_model(*a, **k):
+        raise AssertionError("the model ran before the --png check")
+
+    monkeypatch.setattr(pretrained, "load_model", no_model)
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(["report", "hello", "--png", name, "--out", str(tmp_path / "r.html")], capsys)
+    assert_usage_error(code, out, err, pattern)
+    assert not any(tmp_path.iterdir())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -57,3 +58,41 @@ def save_png(fig: Any, path: Path, dpi: int) -> None:
             console.print("[yellow]" + escape(_("note: {message}").format(message=w.message)) + "[/yellow]")
         else:
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+def png_target(option: str, out: Path) -> Path:
+    """``out`` checked as the PNG file ``option`` names, before the slow model run: a ``.png`` name, not a
+    folder, in a folder that exists and can be written (tried for real: permissions do not tell everything,
+    e.g. for root). Raises UsageError naming the option."""
+    from . import UsageError
+
+    if out.suffix.lower() != ".png":
+        raise UsageError(_("{option} must be a .png file, got {path!r}").format(option=option, path=str(out)))
+    if out.is_dir():
+        raise UsageError(
+            _("{option} {path!r} is a directory; give a file name ending in .png").format(
+                option=option, path=str(out)
+            )
+        )
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UsageError(
+            _("{option}: the folder {path!r} does not exist").format(option=option, path=str(parent))
+        )
+    if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise UsageError(
+            _("{option}: cannot write {path!r} (no write permission)").format(option=option, path=str(out))
+        )
+    existed = out.exists()
+    try:
+        with open(out, "ab"):
+            pass
+    except OSError as e:
+        raise UsageError(
+            _("{option}: cannot write {path!r}: {error}").format(
+                option=option, path=str(out), error=e.strerror or e
+            )
+        ) from e
+    if not existed:
+        out.unlink()
+    return out

@@ -8,7 +8,6 @@ imports (transformers, matplotlib) happen inside the command.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from ..attribution import FLOW_MAX_TOKENS, MEASURES
 from ..i18n import N_, _
 from ..pretrained import MATCH_TOLERANCE
 from . import UsageError, console
-from ._notes import save_png, unknown_tokens_note
+from ._notes import png_target, save_png, unknown_tokens_note
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
 DEFAULT_LAYER = 3
@@ -181,32 +180,6 @@ def measured(run, measure: str, layer: int, head: int, net=None):
     return m
 
 
-def _check_out(out: Path) -> Path:
-    if out.suffix.lower() != ".png":
-        raise UsageError(_("--out must be a .png file, got {path!r}").format(path=str(out)))
-    if out.is_dir():
-        raise UsageError(
-            _("--out {path!r} is a directory; give a file name ending in .png").format(path=str(out))
-        )
-    parent = out.parent if str(out.parent) else Path(".")
-    if not parent.is_dir():
-        raise UsageError(_("--out: the folder {path!r} does not exist").format(path=str(parent)))
-    if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise UsageError(_("--out: cannot write {path!r} (no write permission)").format(path=str(out)))
-    # Try it for real before the slow model run (permissions do not tell everything, e.g. for root).
-    existed = out.exists()
-    try:
-        with open(out, "ab"):
-            pass
-    except OSError as e:
-        raise UsageError(
-            _("--out: cannot write {path!r}: {error}").format(path=str(out), error=e.strerror or e)
-        ) from e
-    if not existed:
-        out.unlink()
-    return out
-
-
 def _note(template: str, **values: object) -> None:
     """Print a yellow note (a whole sentence with named placeholders, translated; values are escaped)."""
     console.print("[yellow]" + escape(_(template).format(**values)) + "[/yellow]")
@@ -287,7 +260,7 @@ def explain(
             )
         )
     if out is not None:
-        out = _check_out(out)
+        out = png_target("--out", out)
 
     name = pretrained.model_label(model)
     t0 = time.perf_counter()

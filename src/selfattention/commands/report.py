@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from ..i18n import N_, _
 from . import UsageError, console
-from ._notes import save_png, unknown_tokens_note
+from ._notes import png_target, save_png, unknown_tokens_note
 
 _HELP = N_(
     "Write one self-contained HTML report (no network, opens from disk): the tokens, a layer × head grid, "
@@ -162,6 +162,8 @@ def register(app: typer.Typer) -> None:
             )
         if example is not None and (by_words or measure != "raw"):
             raise UsageError(_("--words and --measure apply to model reports, not to a worked example"))
+        if png is not None:
+            png = png_target("--png", png)  # before the model runs
         if not math.isfinite(exact_mb) or exact_mb <= 0:
             raise UsageError(_("--exact-mb must be a finite number > 0, got {value}").format(value=exact_mb))
         if out.exists() and out.is_dir():
