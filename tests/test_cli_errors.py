@@ -249,3 +249,24 @@ def test_report_png_names_are_checked_before_the_model_runs(tmp_path, capsys, mo
     code, out, err = run(["report", "hello", "--png", name, "--out", str(tmp_path / "r.html")], capsys)
     assert_usage_error(code, out, err, pattern)
     assert not any(tmp_path.iterdir())
+
+
+def test_train_and_bench_check_their_output_folder_first(tmp_path, capsys, monkeypatch):
+    """``train --checkpoint afile/y.safetensors`` trained for minutes, then failed on the folder; ``bench
+    --out afile`` ran its rounds first (CLI breaker run). Now neither starts its work."""
+    import selfattention.bench as bench_mod
+    import selfattention.decoder as decoder
+
+    def never(*a, **k):
+        raise AssertionError("the work started before the output check")
+
+    monkeypatch.setattr(decoder, "train_recipe", never)
+    monkeypatch.setattr(bench_mod, "run_bench", never)
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    code, out, err = run(["train", "--checkpoint", str(blocker / "y.safetensors"), "--steps", "1"], capsys)
+    assert_usage_error(code, out, err, r"--checkpoint: cannot write")
+    code, out, err = run(["bench", "--out", str(blocker), "--repeats", "1"], capsys)
+    assert_usage_error(code, out, err, r"--out: cannot write")
+    code, out, err = run(["bench", "--out", f"{UNWRITABLE_DIR}/b", "--repeats", "1"], capsys)
+    assert_usage_error(code, out, err, r"--out: cannot write")

@@ -96,3 +96,23 @@ def png_target(option: str, out: Path) -> Path:
     if not existed:
         out.unlink()
     return out
+
+
+def output_folder(option: str, folder: Path) -> Path:
+    """``folder`` made (with its parents) and checked writable before the work whose results go there, so a
+    bad ``option`` fails at once, not after minutes of training or benchmarking. Raises UsageError."""
+    from . import UsageError
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".selfattention-write-test"
+        with open(probe, "ab"):
+            pass
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(
+            _("{option}: cannot write {path!r}: {error}").format(
+                option=option, path=str(folder), error=e.strerror or e
+            )
+        ) from e
+    return folder

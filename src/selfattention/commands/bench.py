@@ -11,6 +11,7 @@ from rich.table import Table
 
 from ..i18n import N_, _
 from . import UsageError, console
+from ._notes import output_folder
 
 
 def _ints(name: str, text: str) -> tuple[int, ...]:
@@ -194,6 +195,7 @@ def register(app: typer.Typer) -> None:
         cfg.flex = cfg.flex and not no_flex
         cfg.contended = contended
 
+        output_folder("--out", out)  # before the rounds, not after them
         partial = out / "bench.partial.jsonl"
 
         def keep(row: dict) -> None:  # rows so far, in case a long run is cut short

@@ -11,6 +11,7 @@ import typer
 from ..decoder.training import RECIPE
 from ..i18n import N_, _
 from . import UsageError, console
+from ._notes import output_folder
 
 
 def _command_line(argv: list[str]) -> str:
@@ -58,6 +59,7 @@ def train_cmd(
     path = Path(checkpoint) if checkpoint is not None else default_checkpoint()
     if path.suffix != ".safetensors":
         raise UsageError(_("--checkpoint must name a .safetensors file, got {path}").format(path=path))
+    output_folder("--checkpoint", path.parent if str(path.parent) else Path("."))  # before the training
     recipe = recipe_with(steps=steps, seed=seed, threads=threads)
     console.print(
         _(
