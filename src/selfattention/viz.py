@@ -121,7 +121,8 @@ def attention_heatmap(
                 )
 
     bar = fig.colorbar(image, ax=ax, shrink=0.85)
-    bar.set_label("attention weight")
+    bar_label = _("attention weight")
+    bar.set_label(bar_label if cjk_family() is not None else "attention weight")  # as the axis labels
     return fig
 
 
