@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..i18n import _
 from .model import CharTokenizer, Decoder, DecoderConfig
 
 __all__ = [
@@ -80,17 +81,31 @@ def check_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor], source:
     problems = []
     for name, t in expected.items():
         if name not in tensors:
-            problems.append(f"missing tensor {name!r} (the model expects shape {tuple(t.shape)})")
+            problems.append(
+                _("missing tensor {name!r} (the model expects shape {shape})").format(
+                    name=name, shape=tuple(t.shape)
+                )
+            )
         elif tuple(tensors[name].shape) != tuple(t.shape):
             problems.append(
-                f"tensor {name!r} has shape {tuple(tensors[name].shape)}, the model expects {tuple(t.shape)}"
+                _("tensor {name!r} has shape {got}, the model expects {want}").format(
+                    name=name, got=tuple(tensors[name].shape), want=tuple(t.shape)
+                )
             )
     for name in tensors:
         if name not in expected:
-            problems.append(f"unexpected tensor {name!r} of shape {tuple(tensors[name].shape)}")
+            problems.append(
+                _("unexpected tensor {name!r} of shape {shape}").format(
+                    name=name, shape=tuple(tensors[name].shape)
+                )
+            )
     if problems:
-        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-        raise CheckpointError(f"{source} does not fit the model: " + "; ".join(problems[:5]) + more)
+        more = _(" (and {n} more)").format(n=len(problems) - 5) if len(problems) > 5 else ""
+        raise CheckpointError(
+            _("{source} does not fit the model: {problems}{more}").format(
+                source=source, problems=_("; ").join(problems[:5]), more=more
+            )
+        )
 
 
 def load_checkpoint(path: str | Path) -> tuple[Decoder, CharTokenizer, dict]:
@@ -107,24 +122,35 @@ def load_checkpoint(path: str | Path) -> tuple[Decoder, CharTokenizer, dict]:
     cfg_path = _config_path(path)
     for p in (path, cfg_path):
         if not p.is_file():
-            raise FileNotFoundError(f"checkpoint file not found: {p}")
+            raise FileNotFoundError(_("checkpoint file not found: {path}").format(path=p))
     try:
         meta = json.loads(cfg_path.read_text(encoding="utf-8"))
         if meta.get("format") != FORMAT:
-            raise CheckpointError(f"{cfg_path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+            raise CheckpointError(
+                _("{path}: format {got!r}, expected {want!r}").format(
+                    path=cfg_path, got=meta.get("format"), want=FORMAT
+                )
+            )
         config = DecoderConfig(**meta["config"])
         tokenizer = CharTokenizer(meta["alphabet"])
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{cfg_path} is not a valid decoder config: {e}") from None
+        why = _("missing key {key!r}").format(key=e.args[0]) if isinstance(e, KeyError) else str(e)
+        raise CheckpointError(
+            _("{path} is not a valid decoder config: {error}").format(path=cfg_path, error=why)
+        ) from None
     if tokenizer.vocab_size != config.vocab_size:
         raise CheckpointError(
-            f"{cfg_path}: alphabet has {tokenizer.vocab_size} characters but vocab_size is {config.vocab_size}"
+            _("{path}: alphabet has {n} characters but vocab_size is {vocab}").format(
+                path=cfg_path, n=tokenizer.vocab_size, vocab=config.vocab_size
+            )
         )
     model = Decoder(config)
     try:
         tensors = load_file(str(path))
     except Exception as e:  # safetensors raises its own error types for corrupt files
-        raise CheckpointError(f"{path} is not a readable safetensors file: {e}") from None
+        raise CheckpointError(
+            _("{path} is not a readable safetensors file: {error}").format(path=path, error=e)
+        ) from None
     check_state_dict(model, tensors, source=str(path))
     model.load_state_dict(tensors, strict=True)
     return model.eval(), tokenizer, meta.get("info", {})
