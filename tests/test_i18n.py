@@ -206,6 +206,15 @@ def test_unknown_lang_is_a_clear_error(capsys):
     assert "Traceback" not in err and captured.out == ""
 
 
+@pytest.mark.parametrize("value", ["ZH", "zh_CN", "zh-Hans", "Zh"])
+def test_lang_takes_the_locale_spellings(capsys, value):
+    """``--lang zh_CN`` or ``ZH`` (the locale's spellings) mean zh; they were refused (CLI breaker run)."""
+    for argv in (["--lang", value, "lesson", "list"], ["lesson", "list", f"--lang={value}"]):
+        assert main(argv) == 0
+        assert "第 000 讲" in capsys.readouterr().out
+    i18n.set_language("en")
+
+
 def test_errors_and_help_in_chinese(monkeypatch, capsys):
     assert main(["--lang", "zh", "demo", "--decimals", "13"]) == 2
     err = " ".join(capsys.readouterr().err.split())

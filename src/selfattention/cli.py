@@ -211,9 +211,9 @@ def _language_of(argv: list[str]) -> str:
         if not arg.startswith("-"):
             break  # the command: options after it are the command's
         if arg == "--lang" and i + 1 < len(argv):
-            lang = argv[i + 1]
+            lang = i18n.normalize_language(argv[i + 1])
         elif arg.startswith("--lang="):
-            lang = arg.split("=", 1)[1]
+            lang = i18n.normalize_language(arg.split("=", 1)[1])
     return lang if lang in i18n.LANGUAGES else i18n.language_from_env()
 
 
@@ -226,11 +226,20 @@ def _lang_first(argv: list[str]) -> list[str]:
         if arg == "--":
             out += argv[i:]
             break
-        if arg == "--lang" and i + 1 < len(argv) and argv[i + 1] in i18n.LANGUAGES and out:
+        if (
+            arg == "--lang"
+            and i + 1 < len(argv)
+            and i18n.normalize_language(argv[i + 1]) in i18n.LANGUAGES
+            and out
+        ):
             moved += argv[i : i + 2]
             i += 2
             continue
-        if arg.startswith("--lang=") and arg.split("=", 1)[1] in i18n.LANGUAGES and out:
+        if (
+            arg.startswith("--lang=")
+            and i18n.normalize_language(arg.split("=", 1)[1]) in i18n.LANGUAGES
+            and out
+        ):
             moved.append(arg)
             i += 1
             continue

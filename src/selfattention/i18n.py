@@ -88,6 +88,19 @@ def language_from_env(environ: Mapping[str, str] | None = None) -> str:
     return "en"
 
 
+def normalize_language(lang: str) -> str:
+    """A language as :data:`LANGUAGES` spells it: ``ZH``, ``zh_CN``, ``zh-Hans`` → ``zh`` (a value that is
+    no known language comes back as given, for the caller to refuse).
+
+    >>> normalize_language("zh_CN"), normalize_language("EN"), normalize_language("fr")
+    ('zh', 'en', 'fr')
+    """
+    if not isinstance(lang, str):
+        return lang
+    base = lang.strip().replace("-", "_").split("_")[0].lower()
+    return base if base in LANGUAGES else lang
+
+
 def set_language(lang: str) -> None:
     """Switch every later ``_()``/``ngettext`` to ``lang`` (one of :data:`LANGUAGES`).
 
@@ -96,6 +109,7 @@ def set_language(lang: str) -> None:
         OSError: the compiled catalog of ``lang`` is missing from the installed package.
     """
     global _translation, _language
+    lang = normalize_language(lang)
     if lang not in LANGUAGES:
         raise ValueError(
             "--lang must be one of {choices}, got {value!r}".format(choices=", ".join(LANGUAGES), value=lang)
