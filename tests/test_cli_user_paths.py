@@ -272,3 +272,13 @@ def test_bench_quick_help_says_how_long(monkeypatch, capsys):
     assert main(["bench", "--help"]) == 0
     words = " ".join(capsys.readouterr().out.replace("│", " ").split())
     assert "about 30 s of CPU time" in words and "the run prints how long it took" in words
+
+
+def test_report_link_is_percent_encoded(tmp_path, capsys):
+    """The printed ``file://`` link of a page in a folder with a space: terminals cut a raw link at the
+    space (CLI breaker run)."""
+    out = tmp_path / "my reports" / "r.html"
+    out.parent.mkdir()
+    assert main(["report", "--example", "two-token", "--out", str(out)]) == 0
+    text = "".join(capsys.readouterr().out.split())  # rich may wrap the long line
+    assert out.as_uri() in text and "my%20reports" in text

@@ -354,7 +354,11 @@ def register(app: typer.Typer) -> None:
         )
         console.print(
             "[dim]{}[/dim]".format(
-                escape(_("open it in any browser: file://{path}").format(path=out.resolve()))
+                escape(
+                    _("open it in any browser: file://{path}").format(
+                        path=out.resolve().as_uri().removeprefix("file://")  # percent-encoded (spaces …)
+                    )
+                )
             ),
             highlight=False,
         )
