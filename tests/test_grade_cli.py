@@ -148,3 +148,13 @@ def test_readme_shows_the_real_output(lang, tmp_path, monkeypatch, capsys):
         lines = out.splitlines()
         positions = [lines.index(line) for line in chinese.splitlines()]
         assert positions == sorted(positions)
+
+
+def test_cli_json_reports_a_file_without_a_task_as_json(tmp_path, capsys):
+    """``grade --json -`` on a file with no task's name printed plain text while a syntax error gives a
+    JSON object (CLI breaker run): an autograder reads one format."""
+    empty = tmp_path / "empty.py"
+    empty.write_text("", encoding="utf-8")
+    assert main(["grade", "--json", "-", str(empty)]) == 2
+    payload = json.loads(capsys.readouterr().out)
+    assert "defines none of the tasks' names" in payload["error"] and payload["file"] == str(empty)

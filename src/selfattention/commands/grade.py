@@ -113,9 +113,11 @@ def grade_command(
         raise UsageError(_("--json: the folder of {path} does not exist").format(path=json_out))
     try:
         report = grade_file(file, task)
-    except FileSyntaxError as e:  # a usage error (exit 2); --json gets {"error": ..., "line": ...}
+    except ValueError as e:  # not Python, or no task / several: a usage error (exit 2), and --json gets
+        # {"error": ..., "file": ..., (line, column)}: an autograder reads one format either way
         if json_out is not None:
-            text = json.dumps(e.to_dict(), ensure_ascii=False, indent=2) + "\n"
+            payload = e.to_dict() if isinstance(e, FileSyntaxError) else {"error": str(e), "file": str(file)}
+            text = json.dumps(payload, ensure_ascii=False, indent=2) + "\n"
             if json_out == "-":
                 sys.stdout.write(text)
                 raise typer.Exit(2) from None
