@@ -82,9 +82,11 @@ def register(app: typer.Typer) -> None:
         seq_len: int = typer.Option(
             1000, "--seq-len", help=N_("global sequence length T (need not be a multiple of N)")
         ),
-        heads: int = typer.Option(4, "--heads"),
-        head_dim: int = typer.Option(64, "--head-dim"),
-        causal: bool = typer.Option(False, "--causal"),
+        heads: int = typer.Option(4, "--heads", help=N_("attention heads H")),
+        head_dim: int = typer.Option(64, "--head-dim", help=N_("head_dim D of each head")),
+        causal: bool = typer.Option(
+            False, "--causal", help=N_("causal attention (each query sees its past)")
+        ),
         layout: str = typer.Option("contiguous", "--layout", help=N_("contiguous or zigzag")),
         block_size: int = typer.Option(256, "--block-size", help=N_("tile rows inside a rank")),
         timeout: float = typer.Option(60.0, "--timeout", help=N_("seconds to wait for the ranks to join")),
