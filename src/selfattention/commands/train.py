@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from ..decoder.training import RECIPE
-from ..i18n import N_, _
+from ..i18n import N_, _, ngettext
 from . import UsageError, console
 from ._notes import output_folder
 
@@ -62,9 +62,12 @@ def train_cmd(
     output_folder("--checkpoint", path.parent if str(path.parent) else Path("."))  # before the training
     recipe = recipe_with(steps=steps, seed=seed, threads=threads)
     console.print(
-        _(
+        ngettext(
+            "[bold]training[/bold] a small causal decoder on CPython's pydoc_data.topics: {steps} step, "
+            "seed {seed}, {threads} thread(s) → {path}",
             "[bold]training[/bold] a small causal decoder on CPython's pydoc_data.topics: {steps} steps, "
-            "seed {seed}, {threads} thread(s) → {path}"
+            "seed {seed}, {threads} thread(s) → {path}",
+            recipe.steps,
         ).format(steps=recipe.steps, seed=recipe.seed, threads=recipe.threads, path=path),
         highlight=False,
     )
@@ -86,9 +89,12 @@ def train_cmd(
             progress=lambda s, loss: bar.update(task, completed=s, loss=loss),
         )
     console.print(
-        _(
+        ngettext(
+            "trained {steps} step in {seconds} s: train loss {train:.3f}, held-out loss {held:.3f} "
+            "nats/character; saved {path} and {json}",
             "trained {steps} steps in {seconds} s: train loss {train:.3f}, held-out loss {held:.3f} "
-            "nats/character; saved {path} and {json}"
+            "nats/character; saved {path} and {json}",
+            info["steps"],
         ).format(
             steps=info["steps"],
             seconds=info["seconds"],
