@@ -356,8 +356,9 @@ def attention_forward(
         b, tq, tk = query.shape[0], query.shape[-2], key.shape[-2]
         if attention_mask is None:  # the mask-less call's own rule (below): causal top-left, or every key
             flag = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-            every = torch.ones(tq, tk, dtype=torch.bool, device=query.device)
-            attention_mask = (_top_left(tq, tk, None, query.device) if flag and tq > 1 else every)[None, None]
+            causal = bool(flag) and tq > 1
+            rule = _top_left(tq, tk, None, query.device) if causal else torch.ones(tq, tk, dtype=torch.bool)
+            attention_mask = rule.to(query.device)[None, None]
         if name == "indices":
             keep = hf_dense.selected_keys(sel, b, tq, tk, query.device)
         else:

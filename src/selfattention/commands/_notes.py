@@ -83,19 +83,27 @@ def png_target(option: str, out: Path) -> Path:
         raise UsageError(
             _("{option}: cannot write {path!r} (no write permission)").format(option=option, path=str(out))
         )
-    existed = out.exists()
+    _try_writing(option, out, out)
+    return out
+
+
+def _try_writing(option: str, target: Path, shown: Path) -> None:
+    """Open ``target`` for appending (permissions do not tell everything, e.g. for root), removing it again
+    if it did not exist; UsageError naming ``option`` and ``shown`` if that fails."""
+    from . import UsageError
+
+    existed = target.exists()
     try:
-        with open(out, "ab"):
+        with open(target, "ab"):
             pass
     except OSError as e:
         raise UsageError(
             _("{option}: cannot write {path!r}: {error}").format(
-                option=option, path=str(out), error=e.strerror or e
+                option=option, path=str(shown), error=e.strerror or e
             )
         ) from e
     if not existed:
-        out.unlink()
-    return out
+        target.unlink()
 
 
 def output_folder(option: str, folder: Path) -> Path:
@@ -105,14 +113,11 @@ def output_folder(option: str, folder: Path) -> Path:
 
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".selfattention-write-test"
-        with open(probe, "ab"):
-            pass
-        probe.unlink()
     except OSError as e:
         raise UsageError(
             _("{option}: cannot write {path!r}: {error}").format(
                 option=option, path=str(folder), error=e.strerror or e
             )
         ) from e
+    _try_writing(option, folder / ".selfattention-write-test", folder)
     return folder

@@ -151,13 +151,17 @@ def call_watched(fn: Callable[..., Any], args: tuple[Any, ...], names: tuple[str
         for name, a, before, copy in zip(names, args, versions, copies, strict=False):
             if before is None or name in MUTATED:
                 continue
-            if a._version != before or not torch.equal(_nan_safe(a.detach()), _nan_safe(copy)):
+            if a._version != before or not _same(a.detach(), copy):
                 MUTATED.append(name)
 
 
-def _nan_safe(t: torch.Tensor) -> torch.Tensor:
-    """``t`` with NaN as a value that compares equal to itself (``torch.equal`` sees NaN ≠ NaN)."""
-    return t.nan_to_num(nan=0.125, posinf=1e30, neginf=-1e30) if t.is_floating_point() else t
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit-for-bit the same values, NaN where NaN (``torch.equal`` sees NaN ≠ NaN)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True))
+    return torch.equal(a, b)
 
 
 def first_output(result: Any) -> Any:
@@ -171,16 +175,12 @@ def first_output(result: Any) -> Any:
 
 
 def _numeric_rows(rows: list) -> bool:
-    """Whether ``rows`` is a nested list of numbers (every row a list of numbers or of such lists)."""
-    return all(
-        isinstance(r, list)
-        and r
-        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in r)
-        or isinstance(r, list)
-        and r
-        and _numeric_rows(r)
-        for r in rows
-    )
+    """Whether ``rows`` is a nested list of numbers (every row a non-empty list of numbers or of such lists)."""
+
+    def number(x: object) -> bool:
+        return isinstance(x, int | float) and not isinstance(x, bool)
+
+    return all(isinstance(r, list) and r and (all(map(number, r)) or _numeric_rows(r)) for r in rows)
 
 
 def last_line_of(e: BaseException) -> str:

@@ -100,20 +100,16 @@ def sweep(
     # with a large ℓ every term is added after the score (s, then − ℓ, then a correction): the gemm's −ℓ
     # column rounds s − ℓ to ulp(s) and −ℓ + corr to ulp(ℓ) (two tied keys at 2²⁶: log 2 vanished, weight 1
     # each)
-    separate = big
-    ent, vals, idx, cols, zsum = _pass(
-        qs, k, neg_lse, corr, prob, top_k, columns, blind, biased or big, separate
-    )
+    ent, vals, idx, cols, zsum = _pass(qs, k, neg_lse, corr, prob, top_k, columns, blind, biased or big, big)
     if zsum is not None:
         # A bias of large finite values (−1e9, finfo.min: transformers' padding rows) swamps the scores: ℓ
         # itself is then only known to ulp(ℓ), and exp(s + bias − ℓ) no longer sums to 1 (a row masked
         # everywhere with −1e9 gets weight 1 on every key in float32). Σ_j α_ij is exactly 1 otherwise: where
         # it is not, one more sweep subtracts log Σ_j α_ij as a separate term, after s + bias − ℓ.
         # Scores of 10⁹ and more: ℓ is off by more than exp's range (ulp(ℓ) ≥ 64), so every weight of a
-        # row under- or overflowed (Σ α = 0 or inf) and no sum can say by how much. Such rows are shifted
-        # by their largest log α first (the top weight becomes exp(0) = 1), then summed once more.
-        # Such rows take ℓ = their largest score instead, and every term is added after the score (the
-        # gemm's −ℓ column would round s − ℓ to ulp(s)): the top weight is then exp(s − s) = 1 exactly.
+        # row under- or overflowed (Σ α = 0 or inf) and no sum can say by how much. Such rows take ℓ = their
+        # largest score instead, every term added after the score: the top weight is exp(s − s) = 1 exactly,
+        # and the rows are summed once more.
         lost = torch.isfinite(lse) & ~((zsum > 0) & torch.isfinite(zsum))
         relost = bool(lost.any())
         if relost:
@@ -126,7 +122,7 @@ def sweep(
         off = torch.where(seen, zsum, torch.ones((), dtype=zsum.dtype, device=zsum.device)).log()
         if relost or bool((off.abs() > math.sqrt(torch.finfo(q.dtype).eps)).any()):
             ent, vals, idx, cols, _ = _pass(
-                qs, k, neg_lse, -off, prob, top_k, columns, blind, False, separate or relost
+                qs, k, neg_lse, -off, prob, top_k, columns, blind, False, big or relost
             )
     hidden = vals == -math.inf
     # below the floor a weight is 0, as in the column sums and the entropy (exp would give a denormal)
