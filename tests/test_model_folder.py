@@ -169,3 +169,20 @@ def test_tokenizer_ids_past_the_vocab_are_a_usage_error(folders, tmp_path, capsy
     assert main(["explain", TEXT, "--model", str(folder)]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "vocab_size is 4" in err and "do not belong to this model" in err
+
+
+def test_a_folder_without_tokenizer_files_says_so(folders, tmp_path, capsys):
+    """A model saved without its tokenizer: the message names the missing files and how to add them, on
+    one line (transformers' own ends in "one of:" with the list on the following lines)."""
+    import shutil
+
+    folder = tmp_path / "no-tokenizer"
+    shutil.copytree(folders["llama"], folder)
+    removed = [p for p in folder.iterdir() if p.name.startswith(("tokenizer", "vocab", "special_tokens"))]
+    assert removed, sorted(p.name for p in folder.iterdir())  # the fixture did save a tokenizer
+    for p in removed:
+        p.unlink()
+    assert main(["explain", TEXT, "--model", str(folder)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "holds no tokenizer files" in err and "tokenizer.json" in err, err
+    assert "tokenizer.save_pretrained" in err and not err.rstrip().endswith(":"), err

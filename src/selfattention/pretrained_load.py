@@ -64,7 +64,7 @@ def _read(path: str, attn_implementation: str) -> tuple[Any, Any]:
         try:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError) as e:
-            raise ValueError(f"cannot read a tokenizer from {path}: {str(e).splitlines()[0]}") from None
+            raise ValueError(_tokenizer_error(path, e)) from None
         model = AutoModel.from_pretrained(
             path, local_files_only=True, attn_implementation=attn_implementation, dtype=torch.float32
         )
@@ -100,3 +100,29 @@ def load_reference_model(
     if attn_implementation not in ("eager", "sdpa"):
         raise ValueError(f"attn_implementation must be 'eager' or 'sdpa', got {attn_implementation!r}")
     return _load(str(resolve_model(model)), attn_implementation)
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
+"""Files one of which a folder that transformers can read a tokenizer from holds."""
+
+
+def _tokenizer_error(path, error: Exception) -> str:
+    """The message for a folder AutoTokenizer cannot read: which files are missing when none is there,
+    else transformers' own reason on one line (it spreads it over several, and its first ends in "one of:")."""
+    folder = Path(path)
+    if folder.is_dir() and not any((folder / name).exists() for name in TOKENIZER_FILES):
+        return (
+            f"cannot read a tokenizer from {path}: the folder holds no tokenizer files (none of "
+            f"{', '.join(TOKENIZER_FILES)}); save the model's tokenizer beside it "
+            f"(tokenizer.save_pretrained({str(path)!r}))"
+        )
+    reason = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
+    return f"cannot read a tokenizer from {path}: {reason}"
