@@ -4,7 +4,8 @@ One process, interleaved rounds (each round times every contender once; the medi
 against the peers of the same run. Cases (issue 17's targets; H = 8, D = 64, B = 1, float32):
 
 * sliding window 256 (attention-gym's ``q_idx - kv_idx <= 256``, causal; once more as a plain function,
-  which takes the generic block plan) and prefix-LM 512 at T = 4096:
+  which ``create_block_mask`` recognises as the same window, mods/recognise.py) and prefix-LM 512 at
+  T = 4096:
   forward vs torch's ``torch.compile(flex_attention)`` (compile time reported apart), forward and
   forward+backward vs SDPA with the dense bool mask (flex has no backward on CPU);
 * sliding window 512 at T = 16384: forward and forward+backward as a fraction of this machine's float32

@@ -193,7 +193,9 @@ def test_recognised_mods_keep_the_fast_plans():
     p = plan(mods.and_masks(mods.causal_mask, mods.document_mask(torch.arange(256) // 64)))
     assert p.strategy == "documents" and p.calls == 1  # four equal documents stacked into one call
     assert (plan(mods.prefix_lm(64)).strategy, plan(mods.prefix_lm(64)).calls) == ("prefix-LM", 2)
-    assert plan(mods.or_masks(mods.causal_mask, lambda b, h, q, kv: kv < 64)).strategy == "blocks"
+    # a function equal to prefix-LM is planned as prefix-LM (mods/recognise.py); one with a gap is not
+    assert plan(mods.or_masks(mods.causal_mask, lambda b, h, q, kv: kv < 64)).strategy == "prefix-LM"
+    assert plan(mods.or_masks(mods.causal_mask, lambda b, h, q, kv: kv % 64 == 0)).strategy == "blocks"
 
 
 @pytest.mark.parametrize(

@@ -13,14 +13,19 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask
 
 from .mods import noop_mask, visibility_fields
+from .mods.recognise import RowRuns, equivalent, reads
 from .visibility import FULL, PARTIAL, SKIP, Predicate, Visibility, evaluate_mod, index_tiles
 
 __all__ = ["create_mask", "create_block_mask", "visibility_of", "positional_args", "takes", "LARGE"]
 
 LARGE = 1 << 30  # torch's block size of "no block mask"
 
-# create_block_mask's BlockMasks of a recognised mod → (mod, lengths, Visibility fields): kept while unchanged
+# create_block_mask's BlockMasks of a recognised mod → (mod, lengths, Visibility fields, (batch, heads) limits
+# of a function that reads b / h, or None): kept while unchanged
 STRUCTURE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# ... of a function equal to a ready mod without Visibility fields (prefix-LM) → (mod, lengths, ready mod)
+TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+RUNS_MAX_ROWS = 1 << 22  # rows (B·H·Q_LEN) up to which create_block_mask looks for a ready mod's pattern
 
 # ---------------------------------------------------------------------------------------------------------
 # Block masks
@@ -142,6 +147,16 @@ def create_block_mask(
     device = default_device(device)
     nq, nk = -(-Q_LEN // bq), -(-KV_LEN // bk)
     counts = torch.zeros((b_, h_, nq, nk), dtype=torch.int64)
+    fields = visibility_fields(mask_mod, Q_LEN, KV_LEN)
+    # a function: the runs of keys its rows show, to find the ready mod it equals (mods/recognise.py)
+    # (only a mod that reads b / h from its batch / head arguments when B / H were given: torch evaluates a
+    # mod at the real b and h in partial blocks, and tables made for B = None show batch 0's)
+    runs, limits = None, (None, None)  # limits: the batch / head counts a recognised function holds for
+    if fields is None and b_ * h_ * Q_LEN <= RUNS_MAX_ROWS:
+        reads_b, reads_h = reads(mask_mod)
+        if (B is not None or not reads_b) and (H is not None or not reads_h):
+            runs = RowRuns(b_, h_, Q_LEN, KV_LEN)
+            limits = (b_ if reads_b else None, h_ if reads_h else None)
     step = max(bk, ((1 << 22) // max(1, bq * b_ * h_)) // bk * bk)
     for a in range(nq):
         i0, i1 = a * bq, min(Q_LEN, (a + 1) * bq)
@@ -154,6 +169,8 @@ def create_block_mask(
             pad = (-(j1 - j0)) % bk
             if pad:
                 m = torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], dim=-1)
+            if runs is not None:
+                runs.add(m, i0, j0, bk)
             m = m.unflatten(-1, (-1, bk)).sum(dim=(2, 4), dtype=torch.int32)  # visible entries per block
             counts[:, :, a, j0 // bk : j0 // bk + m.shape[-1]] = m.cpu()
     full = counts == bq * bk
@@ -165,9 +182,13 @@ def create_block_mask(
         None if f_idx is None else f_idx.to(device), BLOCK_SIZE=(bq, bk), mask_mod=mask_mod,
         seq_lengths=(Q_LEN, KV_LEN),
     )  # fmt: skip
-    fields = visibility_fields(mask_mod, Q_LEN, KV_LEN)
+    twin = None if runs is None or Q_LEN == 0 or KV_LEN == 0 else equivalent(runs, Q_LEN, KV_LEN)
+    if twin is not None:
+        fields = visibility_fields(twin, Q_LEN, KV_LEN)
+        if fields is None:
+            TWINS[bm] = (mask_mod, (Q_LEN, KV_LEN), twin, limits)
     if fields is not None and _tables_cover(fields, b_):
-        STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields)
+        STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields, limits)
     return bm
 
 
@@ -188,6 +209,18 @@ def _tables_cover(fields: dict, b: int) -> bool:
             if not bool((value == value[:1]).all()):
                 return False
     return True
+
+
+def _known(table: weakref.WeakKeyDictionary, bm: BlockMask, b: int, h: int):
+    """What ``table`` (STRUCTURE or TWINS) holds for ``bm`` if its mask_mod and lengths are unchanged and a
+    function that reads b / h was evaluated for at least this call's batch / heads, else None (a mod that
+    reads h, made for H = 2 and called with 4 heads: heads 2, 3 evaluate the mod itself)."""
+    mod, lens, known, (lim_b, lim_h) = table.get(bm, (None, None, None, (None, None)))
+    if known is None or bm.mask_mod is not mod or tuple(bm.seq_lengths) != lens:
+        return None
+    if (lim_b is not None and b > lim_b) or (lim_h is not None and h > lim_h):
+        return None
+    return known
 
 
 def block_kinds(bm: BlockMask) -> torch.Tensor:
@@ -234,13 +267,16 @@ def visibility_of(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device
         )
     if bm.kv_num_blocks.device != device:
         raise RuntimeError(f"q/k/v are on {device} but the block_mask is on {bm.kv_num_blocks.device}")
-    mod0, lens0, fields = STRUCTURE.get(bm, (None, None, None))
-    if fields is not None and bm.mask_mod is mod0 and tuple(bm.seq_lengths) == lens0:
+    fields = _known(STRUCTURE, bm, b, h)
+    if fields is not None:
         fields = {
             k: (_batch_rows(v, b).to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()
         }
         return Visibility(tq, tk, **fields), (128, 128)
     mod = None if bm.mask_mod is noop_mask else bm.mask_mod
+    twin = _known(TWINS, bm, b, h)
+    if twin is not None:
+        mod = twin  # shows exactly what the function shows: planned as the ready mod (prefix-LM)
     kinds = block_kinds(bm)
     bb, bh = kinds.shape[:2]
     if bb not in (1, b) or bh not in (1, h):

@@ -1,0 +1,138 @@
+"""Plain mask functions (attention-gym's style) recognised as the ready mod they equal (mods/recognise.py):
+planned like it, and still equal to the float64 oracle of the function itself (forward, lse, gradients);
+functions that only look alike (one extra key, a gap, a head-dependent window) keep the block plan."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import selfattention as sa
+from selfattention import flex, flex_masks, mods
+from selfattention.mods.recognise import RowRuns, equivalent, reads
+from tests.test_flex import check, inputs
+
+warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+
+DOC = torch.tensor([0] * 50 + [1] * 77 + [2] * 73)
+IDS = torch.stack([DOC, torch.tensor([0] * 120 + [1] * 80)])
+
+
+def _causal(b, h, q, kv):
+    return q >= kv
+
+
+def _window(b, h, q, kv):  # attention-gym's sliding_window_causal with WINDOW = 16
+    return (q >= kv) & (q - kv <= 16)
+
+
+def _prefix(b, h, q, kv):  # attention-gym's prefix_lm_causal with PREFIX = 30
+    return (kv < 30) | (q >= kv)
+
+
+# name: (mask function, Tq, Tk, the strategy it must be planned with)
+RECOGNISED = {
+    "causal": (_causal, 200, 200, "causal"),
+    "window": (_window, 200, 200, "window"),
+    "two-sided window": (lambda b, h, q, kv: (q - kv).abs() <= 5, 200, 200, "window"),
+    "prefix-LM": (_prefix, 200, 200, "prefix-LM"),
+    "documents": (lambda b, h, q, kv: DOC[q] == DOC[kv], 200, 200, "documents"),
+    "causal documents": (lambda b, h, q, kv: (DOC[q] == DOC[kv]) & (q >= kv), 200, 200, "documents"),
+    "bottom-right causal": (lambda b, h, q, kv: q + 100 >= kv, 200, 300, "causal"),
+    "bottom-right window": (lambda b, h, q, kv: (q + 100 >= kv) & (q + 100 - kv < 40), 200, 300, "window"),
+    "top-left, Tq > Tk": (_causal, 300, 200, "causal"),
+    "everything": (lambda b, h, q, kv: q >= 0, 200, 200, "single"),
+    "torch's and_masks": (
+        torch.nn.attention.flex_attention.and_masks(_causal, lambda b, h, q, kv: q - kv < 9),
+        200,
+        200,
+        "window",
+    ),
+}
+NOT_RECOGNISED = {
+    "dilated": lambda b, h, q, kv: (q >= kv) & ((q - kv) % 2 == 0),
+    "a window with one key more": lambda b, h, q, kv: _window(b, h, q, kv) | ((q == 77) & (kv == 3)),
+    "sinks": lambda b, h, q, kv: (q >= kv) & ((q - kv < 8) | (kv < 2)),
+    "per-head window": lambda b, h, q, kv: (q >= kv) & (q - kv <= 4 + h),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECOGNISED))
+def test_a_function_equal_to_a_ready_mod_gets_its_plan_and_the_oracles_numbers(name):
+    fn, tq, tk, strategy = RECOGNISED[name]
+    q, k, v = inputs(2, 4, 2, tq, tk, 16, 8, seed=len(name))
+    bm = check(q, k, v, fn, block=64, gqa=True)  # float64 oracle of the function: out, lse, gradients
+    assert flex.describe(q, k, v, block_mask=bm, enable_gqa=True).strategy == strategy
+    assert bm in flex_masks.STRUCTURE or bm in flex_masks.TWINS
+
+
+@pytest.mark.parametrize("name", sorted(NOT_RECOGNISED))
+def test_a_function_that_only_looks_like_one_keeps_the_block_plan(name):
+    fn = NOT_RECOGNISED[name]
+    q, k, v = inputs(1, 4, 4, 200, 200, 16, 8, seed=len(name))
+    bm = check(q, k, v, fn, block=64)
+    assert flex.describe(q, k, v, block_mask=bm).strategy == "blocks"
+    assert bm not in flex_masks.STRUCTURE and bm not in flex_masks.TWINS
+
+
+def test_per_batch_document_ids_are_recognised_with_b_given():
+    """ids differ per batch entry: recognised as document_mask(ids (B, T)) when B is given; with B = None
+    the function reads b, so the tables (batch 0's) and the function itself decide, as in torch."""
+
+    def fn(b, h, q, kv):
+        return (IDS[b, q] == IDS[b, kv]) & (q >= kv)
+
+    q, k, v = inputs(2, 2, 2, 200, 200, 16, 8)
+    bm = check(q, k, v, fn, block=64)
+    assert bm in flex_masks.STRUCTURE
+    assert reads(fn) == (True, False)
+    none = sa.create_block_mask(fn, None, 2, 200, 200, device="cpu", BLOCK_SIZE=64)
+    assert none not in flex_masks.STRUCTURE and none not in flex_masks.TWINS
+
+
+def test_a_head_reading_function_made_for_fewer_heads_is_not_used_for_more():
+    """Equal for heads 0 and 1 (made with H = 2), different for heads 2 and 3 of the call: those evaluate
+    the function itself (the tables are read at h % 2, as torch's kernels read them)."""
+
+    def fn(b, h, q, kv):
+        return (q >= kv) | ((h < 2) & (kv < 40))
+
+    bm = sa.create_block_mask(fn, 1, 2, 70, 70, device="cpu", BLOCK_SIZE=16)
+    q, k, v = inputs(1, 2, 2, 70, 70, 8, 8)
+    assert flex.describe(q, k, v, block_mask=bm).strategy == "prefix-LM"  # its own two heads: prefix-LM
+    q4 = torch.randn(1, 4, 70, 8)
+    assert flex.describe(q4, k, v, block_mask=bm, enable_gqa=True).strategy == "blocks"
+
+
+@pytest.mark.parametrize("block", [7, 16, 64])
+def test_row_runs_against_a_dense_count(block):
+    """First key, last key and count of every row, accumulated over column tiles that do not divide Tk."""
+    gen = torch.Generator().manual_seed(block)
+    b, h, tq, tk = 2, 3, 37, 50
+    dense = torch.rand(b, h, tq, tk, generator=gen) < 0.3
+    dense[0, 0, 5] = False  # a row that sees nothing
+    runs = RowRuns(b, h, tq, tk)
+    for j0 in range(0, tk, 3 * block):
+        m = dense[..., j0 : j0 + 3 * block]
+        pad = -m.shape[-1] % block
+        runs.add(torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], -1), 0, j0, block)
+    cols = torch.arange(tk)
+    assert torch.equal(runs.count, dense.sum(-1))
+    assert torch.equal(runs.first, torch.where(dense, cols, tk).amin(-1))
+    assert torch.equal(runs.last, torch.where(dense, cols, -1).amax(-1))
+
+
+def test_equivalent_needs_every_row_to_match():
+    """A window whose last row sees one key fewer is not a window."""
+    t = 20
+    i = torch.arange(t)
+    dense = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < 4)
+    runs = RowRuns(1, 1, t, t)
+    runs.add(dense[None, None], 0, 0, t)
+    assert equivalent(runs, t, t) == mods.sliding_window(3)
+    dense[-1, -4] = False
+    runs = RowRuns(1, 1, t, t)
+    runs.add(dense[None, None], 0, 0, t)
+    assert equivalent(runs, t, t) is None
