@@ -358,3 +358,27 @@ def test_cli_model_report_matches_the_model_run(tmp_path):
     w = decode_array(p["exact"]["2.5"]["weights"])
     assert np.abs(w - run.attentions[2, 5].numpy()).max() < 1e-6
     assert Path(out).stat().st_size < 2_000_000
+
+
+@pytest.mark.model
+@pytest.mark.skipif(not _HAVE_MODEL, reason="needs the model extra")
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--head", "6.0"], "the layer must be in 0..5 and the head in 0..11"),
+        (["--head", "0.12"], "the layer must be in 0..5 and the head in 0..11"),
+        (["--token", "6"], "--token must be in 0..5"),  # [CLS] the animal was tired [SEP]
+        (["--token", "3", "--max-length", "3"], "--token must be in 0..2"),
+    ],
+)
+def test_cli_model_report_checks_head_and_token_before_the_run(monkeypatch, tmp_path, capsys, args, message):
+    """--head and --token out of range are usage errors before the model runs (a long text took the
+    whole run to be told), with the bounds of the run it would have made."""
+    from selfattention import pretrained
+
+    def no_run(*a, **k):
+        raise AssertionError("the model ran before --head/--token were checked")
+
+    monkeypatch.setattr(pretrained, "run_text", no_run)
+    assert _cli(["report", "the animal was tired", "--out", str(tmp_path / "x.html"), *args]) == 2
+    assert message in " ".join(capsys.readouterr().err.split())

@@ -30,6 +30,22 @@ _HELP = N_(
 )
 
 
+def _check_head(spec: str | None, head: tuple[int, int], n_layers: int, n_heads: int) -> None:
+    if not (0 <= head[0] < n_layers and 0 <= head[1] < n_heads):
+        raise UsageError(
+            _("--head {head}: the layer must be in 0..{last_layer} and the head in 0..{last_head}").format(
+                head=spec, last_layer=n_layers - 1, last_head=n_heads - 1
+            )
+        )
+
+
+def _check_token(token: int, n_tokens: int) -> None:
+    if not 0 <= token < n_tokens:
+        raise UsageError(
+            _("--token must be in 0..{last}, got {value}").format(last=n_tokens - 1, value=token)
+        )
+
+
 def _parse_head(spec: str | None) -> tuple[int, int] | None:
     if spec is None:
         return None
@@ -236,6 +252,9 @@ def register(app: typer.Typer) -> None:
                     _("--max-length must be in 2..{limit}, got {value}").format(limit=limit, value=max_length)
                 )
             head_lh = _parse_head(head)
+            if head_lh is not None:  # checked before the model runs (its config says the layers and heads)
+                n_layers, n_heads = pretrained.n_layers_and_heads(pretrained.model_config(model))
+                _check_head(head, head_lh, n_layers, n_heads)
             name = pretrained.model_label(model)
             with Progress(
                 SpinnerColumn(),
@@ -246,9 +265,16 @@ def register(app: typer.Typer) -> None:
             ) as progress:
                 task = progress.add_task(_("loading {name} (offline)…").format(name=name), total=None)
                 try:
-                    pretrained.load_model(model)
+                    tokenizer = pretrained.load_model(model)[1]
                 except ValueError as e:
                     raise UsageError(_("--model: {error}").format(error=e)) from None
+                if token is not None:  # the tokens the run will have, before the run
+                    n = len(
+                        tokenizer(text, truncation=True, max_length=max_length or limit or (1 << 30))[
+                            "input_ids"
+                        ]
+                    )
+                    _check_token(token, n)
                 progress.update(
                     task, description=_("running the model on our attention (and eager, to compare)…")
                 )
@@ -256,19 +282,10 @@ def register(app: typer.Typer) -> None:
                     run = pretrained.run_text(text, model=model, max_length=max_length, compare=True)
                 except ValueError as e:
                     raise UsageError(str(e)) from None
-                n_layers, n_heads = run.n_layers, run.n_heads
-                if head_lh is not None and not (0 <= head_lh[0] < n_layers and 0 <= head_lh[1] < n_heads):
-                    raise UsageError(
-                        _(
-                            "--head {head}: the layer must be in 0..{last_layer} and the head in 0..{last_head}"
-                        ).format(head=head, last_layer=n_layers - 1, last_head=n_heads - 1)
-                    )
-                if token is not None and not 0 <= token < len(run.tokens):
-                    raise UsageError(
-                        _("--token must be in 0..{last}, got {value}").format(
-                            last=len(run.tokens) - 1, value=token
-                        )
-                    )
+                if head_lh is not None:  # (the run's own counts decide)
+                    _check_head(head, head_lh, run.n_layers, run.n_heads)
+                if token is not None:
+                    _check_token(token, len(run.tokens))
 
                 def say(msg: str) -> None:
                     progress.update(task, description=msg + "…")
@@ -314,8 +331,8 @@ def register(app: typer.Typer) -> None:
             ).format(
                 n=len(run.tokens),
                 cut=_(" (text cut to the model's limit)") if run.truncated else "",
-                layers=n_layers,
-                heads=n_heads,
+                layers=run.n_layers,
+                heads=run.n_heads,
                 layer=lh["layer"],
                 head=lh["head"],
                 token=(payload["views"].get(lh.get("view", ""), {}).get("labels") or run.tokens)[lh["token"]],
