@@ -136,3 +136,30 @@ def test_equivalent_needs_every_row_to_match():
     runs = RowRuns(1, 1, t, t)
     runs.add(dense[None, None], 0, 0, t)
     assert equivalent(runs, t, t) is None
+
+
+WINDOWS = torch.tensor([2, 4, 8, 16])
+
+
+def _per_head_behind_isinstance(b, h, q, kv):
+    """Reads h only when h is a tensor: torch.fx's proxies take the other branch (found by a breaker run)."""
+    if not isinstance(h, torch.Tensor):
+        return q >= kv
+    return (q >= kv) & (q - kv < WINDOWS[h])
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        _per_head_behind_isinstance,
+        lambda b, h, q, kv: (q >= kv) & (q - kv <= 3 * q.new_tensor(h)),  # h through new_tensor's value
+    ],
+)
+def test_a_head_reading_function_with_h_none_is_not_recognised(fn):
+    """H = None and a function that reads h anyway: the tables are head 0's and every head evaluates the
+    function in partial blocks, as in torch — never one head's window for all."""
+    warnings.filterwarnings("ignore", message=".*new_tensor.*")
+    q, k, v = inputs(1, 4, 4, 64, 64, 8, 8)
+    bm = sa.create_block_mask(fn, None, None, 64, 64, device="cpu", BLOCK_SIZE=16)
+    assert flex.describe(q, k, v, block_mask=bm).strategy == "blocks"
+    assert bm not in flex_masks.STRUCTURE and bm not in flex_masks.TWINS

@@ -154,10 +154,20 @@ def create_block_mask(
     runs, limits = None, (None, None)  # limits: the batch / head counts a recognised function holds for
     if fields is None and b_ * h_ * Q_LEN <= RUNS_MAX_ROWS:
         reads_b, reads_h = reads(mask_mod)
+        reads_b = reads_b or (B is None and _varies(mask_mod, 0, Q_LEN, KV_LEN, device))
+        reads_h = reads_h or (H is None and _varies(mask_mod, 1, Q_LEN, KV_LEN, device))
         if (B is not None or not reads_b) and (H is not None or not reads_h):
             runs = RowRuns(b_, h_, Q_LEN, KV_LEN)
             limits = (b_ if reads_b else None, h_ if reads_h else None)
-    step = max(bk, ((1 << 22) // max(1, bq * b_ * h_)) // bk * bk)
+    # columns per evaluated tile: ~4 M entries of the mod's own result, which has batch / head dims only
+    # where it reads b / h (a first small tile says which): B = 4, H = 16 and a mod of q and kv only gets
+    # tiles 64× wider than b_ · h_ would allow, and 64× fewer Python steps
+    mb, mh = b_, h_
+    if Q_LEN and KV_LEN:
+        probe = evaluate_mod(mask_mod, *index_tiles(b_, h_, 0, min(Q_LEN, bq), 0, min(KV_LEN, bk), device))
+        if isinstance(probe, torch.Tensor) and probe.dim() == 4:
+            mb, mh = probe.shape[0], probe.shape[1]
+    step = max(bk, ((1 << 22) // max(1, bq * mb * mh)) // bk * bk)
     for a in range(nq):
         i0, i1 = a * bq, min(Q_LEN, (a + 1) * bq)
         for j0 in range(0, KV_LEN, step):
@@ -169,9 +179,10 @@ def create_block_mask(
             pad = (-(j1 - j0)) % bk
             if pad:
                 m = torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], dim=-1)
-            if runs is not None:
-                runs.add(m, i0, j0, bk)
-            m = m.unflatten(-1, (-1, bk)).sum(dim=(2, 4), dtype=torch.int32)  # visible entries per block
+            if runs is not None:  # (its per-row counts per block, summed over the rows: the blocks' counts)
+                m = runs.add(m, i0, j0, bk).sum(dim=2)
+            else:
+                m = m.unflatten(-1, (-1, bk)).sum(dim=(2, 4), dtype=torch.int32)  # visible entries per block
             counts[:, :, a, j0 // bk : j0 // bk + m.shape[-1]] = m.cpu()
     full = counts == bq * bk
     partial = (counts > 0) & ~full if separate_full_blocks else counts > 0
@@ -190,6 +201,28 @@ def create_block_mask(
     if fields is not None and _tables_cover(fields, b_):
         STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields, limits)
     return bm
+
+
+def _varies(mask_mod: Callable, axis: int, q_len: int, k_len: int, device) -> bool:
+    """Whether the mod, on a sample of up to 64 rows × 4096 keys, differs between b = 0 and 1 (``axis``
+    0) or h = 0 and 1 (``axis`` 1), or cannot be evaluated at 1 — a second look besides the traced code
+    (:func:`selfattention.mods.recognise.reads`), which a branch on ``isinstance(h, torch.Tensor)`` fools."""
+    rows = torch.linspace(0, q_len - 1, min(q_len, 64), device=device).round().long().unique()
+    keys = torch.linspace(0, k_len - 1, min(k_len, 4096), device=device).round().long().unique()
+    two = torch.arange(2, device=device)
+    zero = torch.zeros(1, dtype=torch.long, device=device)
+    b, h = (two, zero) if axis == 0 else (zero, two)
+    try:
+        m = evaluate_mod(
+            mask_mod, b.view(-1, 1, 1, 1), h.view(1, -1, 1, 1), rows.view(1, 1, -1, 1), keys.view(1, 1, 1, -1)
+        )
+    except Exception:
+        return True
+    if not isinstance(m, torch.Tensor) or m.dim() != 4:
+        return True
+    m = m.expand(2 if axis == 0 else m.shape[0], 2 if axis == 1 else m.shape[1], *m.shape[2:])
+    first, second = m.select(axis, 0), m.select(axis, 1)
+    return not torch.equal(first, second)
 
 
 def _batch_rows(value: torch.Tensor, b: int) -> torch.Tensor:

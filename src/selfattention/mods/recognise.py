@@ -52,9 +52,10 @@ class RowRuns:
         self.last = torch.full((b, h, q_len), -1, dtype=torch.int64)
         self.count = torch.zeros((b, h, q_len), dtype=torch.int64)
 
-    def add(self, m: torch.Tensor, i0: int, j0: int, block: int) -> None:
+    def add(self, m: torch.Tensor, i0: int, j0: int, block: int) -> torch.Tensor:
         """A bool tile (b or 1, h or 1, R, C) of rows i0 … and keys j0 …, C a multiple of ``block``: one
-        pass counts each row's keys per block; only the first and last block a row sees are read key by key."""
+        pass counts each row's keys per block; only the first and last block a row sees are read key by key.
+        Returns those counts, int32 (b or 1, h or 1, R, C / block)."""
         m = m.cpu()
         per = m.unflatten(-1, (-1, block)).sum(-1, dtype=torch.int32)  # (b, h, R, blocks)
         count = per.sum(-1)
@@ -77,6 +78,7 @@ class RowRuns:
         self.first[:, :, rows] = torch.minimum(self.first[:, :, rows], first)
         self.last[:, :, rows] = torch.maximum(self.last[:, :, rows], last)
         self.count[:, :, rows] += count
+        return per
 
 
 _CONSTANTS = {"new_ones", "new_zeros", "new_full", "new_empty", "new_tensor"}  # take only b's dtype/device
@@ -85,7 +87,10 @@ _CONSTANTS = {"new_ones", "new_zeros", "new_full", "new_empty", "new_tensor"}  #
 def reads(mask_mod: Callable) -> tuple[bool, bool]:
     """(whether the result depends on b, on h), proved from the mod's code as traced by
     ``torch.fx.symbolic_trace`` (no value is looked at; ``b.new_ones(())``, as torch's ``and_masks`` starts,
-    depends on nothing). A mod that cannot be traced counts as reading both.
+    depends on nothing; ``q_idx.new_tensor(h)`` depends on h). A mod that cannot be traced counts as
+    reading both. Tracing sees the mod's code for proxies, not tensors (a branch on ``isinstance(h,
+    torch.Tensor)`` takes the other way): :func:`selfattention.flex.create_block_mask` also evaluates the
+    mod at b = 1 and h = 1 before it takes it for one that reads neither.
 
     >>> reads(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx), reads(lambda b, h, q_idx, kv_idx: q_idx - kv_idx < h)
     ((False, False), (False, True))
@@ -103,9 +108,14 @@ def reads(mask_mod: Callable) -> tuple[bool, bool]:
     for source in inputs[:2]:
         depends = {source}
         for n in nodes:
-            if n.op in ("placeholder", "output") or (n.op == "call_method" and n.target in _CONSTANTS):
+            if n.op in ("placeholder", "output"):
                 continue
-            if any(a in depends for a in n.all_input_nodes):
+            inputs_of = n.all_input_nodes
+            if n.op == "call_method" and n.target in _CONSTANTS and n.args:
+                # x.new_ones(shape) takes x's dtype and device only; its other arguments carry values
+                inputs_of = [a for a in inputs_of if a is not n.args[0]]
+                inputs_of += [a for a in n.args[1:] if isinstance(a, torch.fx.Node)]
+            if any(a in depends for a in inputs_of):
                 depends.add(n)
         found.append(any(a in depends for a in outputs[0].all_input_nodes))
     return found[0], found[1]
