@@ -126,6 +126,16 @@ def create_block_mask(
     >>> bm = create_block_mask(causal_mask, None, None, 256, 256, device="cpu")
     >>> bm.to_dense()[0, 0].tolist(), bm.kv_num_blocks.tolist(), bm.full_kv_num_blocks.tolist()
     ([[1, 0], [1, 1]], [[[1, 1]]], [[[0, 1]]])
+
+    A plain function equal to a ready mod is planned as that mod (:mod:`selfattention.mods.recognise`):
+    attention-gym's causal sliding window of 64 is the window of 65 keys
+
+    >>> def sliding_window_causal(b, h, q_idx, kv_idx):
+    ...     return (q_idx >= kv_idx) & (q_idx - kv_idx <= 64)
+    >>> bm = create_block_mask(sliding_window_causal, None, None, 512, 512, device="cpu")
+    >>> vis, _ = visibility_of(bm, 1, 1, 512, 512, torch.device("cpu"))
+    >>> vis.is_causal, vis.window, vis.mod is None
+    (True, 65, True)
     """
     check_mask_mod(mask_mod)
     n_args = positional_args(mask_mod)
