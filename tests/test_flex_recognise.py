@@ -163,3 +163,41 @@ def test_a_head_reading_function_with_h_none_is_not_recognised(fn):
     bm = sa.create_block_mask(fn, None, None, 64, 64, device="cpu", BLOCK_SIZE=16)
     assert flex.describe(q, k, v, block_mask=bm).strategy == "blocks"
     assert bm not in flex_masks.STRUCTURE and bm not in flex_masks.TWINS
+
+
+@pytest.mark.parametrize("name", ["window", "prefix-LM", "causal documents", "bottom-right window"])
+def test_torchs_own_block_mask_is_recognised_too(name):
+    """A BlockMask from torch's create_block_mask (code that changed only the flex_attention import): the
+    keys each row sees — full blocks, and the mod in partial ones — are read once, and the mask gets the
+    ready mod's plan; the numbers are the function's (float64 oracle, with gradients)."""
+    from torch.nn.attention.flex_attention import create_block_mask as torch_block_mask
+
+    fn, tq, tk, strategy = RECOGNISED[name]
+    q, k, v = inputs(2, 4, 2, tq, tk, 16, 8, seed=5)
+    bm = torch_block_mask(fn, 2, 4, tq, tk, device="cpu", BLOCK_SIZE=64)
+    assert flex.describe(q, k, v, block_mask=bm, enable_gqa=True).strategy == strategy
+    out, lse = sa.flex_attention(q, k, v, block_mask=bm, enable_gqa=True, return_lse=True)
+    mine = sa.create_block_mask(fn, 2, 4, tq, tk, device="cpu", BLOCK_SIZE=64)
+    want, want_lse = sa.flex_attention(q, k, v, block_mask=mine, enable_gqa=True, return_lse=True)
+    assert (out - want).abs().max() < 1e-6 and (lse - want_lse).abs().max() < 1e-6
+    check(q, k, v, fn, block=64, gqa=True)
+
+
+def test_torch_tables_that_hide_a_block_the_mod_shows_are_not_taken_for_the_mod():
+    """A hand-built BlockMask whose tables leave out a block of a causal mod: the rows see what the kernels
+    would (not causal), so it keeps the block plan and its numbers follow the tables."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    t, blk = 64, 16
+    n = t // blk
+    kv_num = torch.tensor([[[1, 2, 3, 3]]], dtype=torch.int32)  # row block 3 leaves out key block 0
+    kv_idx = torch.tensor([[[[0, 0, 0, 0], [0, 1, 0, 0], [0, 1, 2, 0], [1, 2, 3, 0]]]], dtype=torch.int32)
+    bm = BlockMask.from_kv_blocks(kv_num, kv_idx, BLOCK_SIZE=blk, mask_mod=_causal, seq_lengths=(t, t))
+    q, k, v = inputs(1, 1, 1, t, t, 8, 8)
+    assert flex.describe(q, k, v, block_mask=bm).strategy == "blocks"
+    keep = bm.to_dense()[0, 0].bool().repeat_interleave(blk, 0).repeat_interleave(blk, 1)
+    assert keep.shape == (n * blk, n * blk)
+    from tests.test_flex import oracle
+
+    ref, _ = oracle(*(x.detach().double() for x in (q, k, v)), lambda b, h, qi, kv: (qi >= kv) & keep[qi, kv])
+    assert (sa.flex_attention(q, k, v, block_mask=bm).double() - ref).abs().max() < 1e-5

@@ -25,6 +25,8 @@ LARGE = 1 << 30  # torch's block size of "no block mask"
 STRUCTURE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # ... of a function equal to a ready mod without Visibility fields (prefix-LM) → (mod, lengths, ready mod)
 TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# BlockMasks made elsewhere (torch's create_block_mask, from_kv_blocks) already looked at for a ready mod
+LOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 RUNS_MAX_ROWS = 1 << 22  # rows (B·H·Q_LEN) up to which create_block_mask looks for a ready mod's pattern
 
 # ---------------------------------------------------------------------------------------------------------
@@ -203,6 +205,7 @@ def create_block_mask(
         None if f_idx is None else f_idx.to(device), BLOCK_SIZE=(bq, bk), mask_mod=mask_mod,
         seq_lengths=(Q_LEN, KV_LEN),
     )  # fmt: skip
+    LOOKED[bm] = True  # (decided here; visibility_of looks only at BlockMasks made elsewhere)
     twin = None if runs is None or Q_LEN == 0 or KV_LEN == 0 else equivalent(runs, Q_LEN, KV_LEN)
     if twin is not None:
         fields = visibility_fields(twin, Q_LEN, KV_LEN)
@@ -252,6 +255,56 @@ def _tables_cover(fields: dict, b: int) -> bool:
             if not bool((value == value[:1]).all()):
                 return False
     return True
+
+
+def _look_at(bm: BlockMask) -> None:
+    """Recognise a BlockMask made elsewhere (torch's ``create_block_mask``) as a ready mod, as our
+    :func:`create_block_mask` does while it builds one: the keys each row sees are what the tables and the
+    mod say together (full blocks, and the mod in partial ones), evaluated once over the blocks the tables
+    list; a mod that reads b / h holds for calls of at most the tables' batch / heads. Fills STRUCTURE or
+    TWINS; nothing where no ready mod matches, the mod cannot be evaluated, or the tables are too large."""
+    try:
+        LOOKED[bm] = True
+    except TypeError:
+        return
+    mod, (tq, tk) = bm.mask_mod, tuple(bm.seq_lengths)
+    kinds = block_kinds(bm)
+    bb, bh, nq, _ = kinds.shape
+    if mod is None or tq == 0 or tk == 0 or bb * bh * tq > RUNS_MAX_ROWS:
+        return
+    bq, bk = bm.BLOCK_SIZE
+    device = bm.kv_num_blocks.device
+    reads_b, reads_h = reads(mod)
+    limits = (bb if reads_b or _varies(mod, 0, tq, tk, device) else None,
+              bh if reads_h or _varies(mod, 1, tq, tk, device) else None)  # fmt: skip
+    runs = RowRuns(bb, bh, tq, tk)
+    try:
+        for a in range(min(nq, -(-tq // bq))):
+            i0, i1 = a * bq, min(tq, (a + 1) * bq)
+            row = kinds[:, :, a]  # (bb, bh, key blocks)
+            listed = (row != SKIP).any(0).any(0).nonzero()
+            if listed.numel() == 0:
+                continue
+            j0, j1 = int(listed[0]) * bk, min(tk, (int(listed[-1]) + 1) * bk)
+            cols = row[..., j0 // bk :].repeat_interleave(bk, -1)[..., : j1 - j0][:, :, None, :]
+            m = evaluate_mod(mod, *index_tiles(bb, bh, i0, i1, j0, j1, device))
+            if m.dtype != torch.bool:
+                return
+            m = (cols == FULL) | ((cols == PARTIAL) & m.cpu())  # (bb, bh, R, C)
+            pad = -(j1 - j0) % bk
+            if pad:
+                m = torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], dim=-1)
+            runs.add(m, i0, j0, bk)
+    except Exception:  # the mod's own error surfaces where the generic plan evaluates it
+        return
+    twin = equivalent(runs, tq, tk)
+    if twin is None:
+        return
+    fields = visibility_fields(twin, tq, tk)
+    if fields is None:
+        TWINS[bm] = (mod, (tq, tk), twin, limits)
+    elif _tables_cover(fields, bb):
+        STRUCTURE[bm] = (mod, (tq, tk), fields, limits)
 
 
 def _known(table: weakref.WeakKeyDictionary, bm: BlockMask, b: int, h: int):
@@ -310,6 +363,8 @@ def visibility_of(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device
         )
     if bm.kv_num_blocks.device != device:
         raise RuntimeError(f"q/k/v are on {device} but the block_mask is on {bm.kv_num_blocks.device}")
+    if bm not in STRUCTURE and bm not in TWINS and bm not in LOOKED:
+        _look_at(bm)  # torch's own BlockMask: the ready mod it equals, if any (once per mask)
     fields = _known(STRUCTURE, bm, b, h)
     if fields is not None:
         fields = {
