@@ -201,3 +201,28 @@ def test_torch_tables_that_hide_a_block_the_mod_shows_are_not_taken_for_the_mod(
 
     ref, _ = oracle(*(x.detach().double() for x in (q, k, v)), lambda b, h, qi, kv: (qi >= kv) & keep[qi, kv])
     assert (sa.flex_attention(q, k, v, block_mask=bm).double() - ref).abs().max() < 1e-5
+
+
+def test_tables_written_to_after_the_first_call_are_read_again():
+    """A recognised BlockMask whose tables are then changed in place: the old recognition is not used (the
+    tables' version counters changed); the call follows the new tables, as torch's kernels would."""
+    t, blk = 64, 16
+    q, k, v = inputs(1, 1, 1, t, t, 8, 8)
+    for bm in (
+        sa.create_block_mask(_causal, 1, 1, t, t, device="cpu", BLOCK_SIZE=blk),
+        torch.nn.attention.flex_attention.create_block_mask(
+            _causal, 1, 1, t, t, device="cpu", BLOCK_SIZE=blk
+        ),
+    ):
+        assert flex.describe(q, k, v, block_mask=bm).strategy == "causal"
+        bm.full_kv_num_blocks[..., 3] = 0  # row block 3 keeps only its diagonal block
+        # rows 48–63 now see keys 48 … q: two causal documents, [0, 48) and [48, 64)
+        assert flex.describe(q, k, v, block_mask=bm).strategy == "documents"
+        keep = bm.to_dense()[0, 0].bool().repeat_interleave(blk, 0).repeat_interleave(blk, 1)
+        from tests.test_flex import oracle
+
+        ref, _ = oracle(
+            *(x.detach().double() for x in (q, k, v)),
+            lambda b, h, qi, kv, keep=keep: (qi >= kv) & keep[qi, kv],
+        )
+        assert (sa.flex_attention(q, k, v, block_mask=bm).double() - ref).abs().max() < 1e-5

@@ -205,14 +205,14 @@ def create_block_mask(
         None if f_idx is None else f_idx.to(device), BLOCK_SIZE=(bq, bk), mask_mod=mask_mod,
         seq_lengths=(Q_LEN, KV_LEN),
     )  # fmt: skip
-    LOOKED[bm] = True  # (decided here; visibility_of looks only at BlockMasks made elsewhere)
+    LOOKED[bm] = _versions(bm)  # (decided here; visibility_of looks only at BlockMasks made elsewhere)
     twin = None if runs is None or Q_LEN == 0 or KV_LEN == 0 else equivalent(runs, Q_LEN, KV_LEN)
     if twin is not None:
         fields = visibility_fields(twin, Q_LEN, KV_LEN)
         if fields is None:
-            TWINS[bm] = (mask_mod, (Q_LEN, KV_LEN), twin, limits)
+            TWINS[bm] = (mask_mod, (Q_LEN, KV_LEN), twin, limits, _versions(bm))
     if fields is not None and _tables_cover(fields, b_):
-        STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields, limits)
+        STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields, limits, _versions(bm))
     return bm
 
 
@@ -257,6 +257,13 @@ def _tables_cover(fields: dict, b: int) -> bool:
     return True
 
 
+def _versions(bm: BlockMask) -> tuple:
+    """The version counters of a BlockMask's tables: a write into them (``bm.kv_num_blocks.zero_()``)
+    changes them, and what was recognised from the old tables is then not used."""
+    tables = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
+    return tuple(None if t is None else t._version for t in tables)
+
+
 def _look_at(bm: BlockMask) -> None:
     """Recognise a BlockMask made elsewhere (torch's ``create_block_mask``) as a ready mod, as our
     :func:`create_block_mask` does while it builds one: the keys each row sees are what the tables and the
@@ -264,7 +271,7 @@ def _look_at(bm: BlockMask) -> None:
     list; a mod that reads b / h holds for calls of at most the tables' batch / heads. Fills STRUCTURE or
     TWINS; nothing where no ready mod matches, the mod cannot be evaluated, or the tables are too large."""
     try:
-        LOOKED[bm] = True
+        LOOKED[bm] = _versions(bm)
     except TypeError:
         return
     mod, (tq, tk) = bm.mask_mod, tuple(bm.seq_lengths)
@@ -302,17 +309,17 @@ def _look_at(bm: BlockMask) -> None:
         return
     fields = visibility_fields(twin, tq, tk)
     if fields is None:
-        TWINS[bm] = (mod, (tq, tk), twin, limits)
+        TWINS[bm] = (mod, (tq, tk), twin, limits, _versions(bm))
     elif _tables_cover(fields, bb):
-        STRUCTURE[bm] = (mod, (tq, tk), fields, limits)
+        STRUCTURE[bm] = (mod, (tq, tk), fields, limits, _versions(bm))
 
 
 def _known(table: weakref.WeakKeyDictionary, bm: BlockMask, b: int, h: int):
     """What ``table`` (STRUCTURE or TWINS) holds for ``bm`` if its mask_mod and lengths are unchanged and a
     function that reads b / h was evaluated for at least this call's batch / heads, else None (a mod that
     reads h, made for H = 2 and called with 4 heads: heads 2, 3 evaluate the mod itself)."""
-    mod, lens, known, (lim_b, lim_h) = table.get(bm, (None, None, None, (None, None)))
-    if known is None or bm.mask_mod is not mod or tuple(bm.seq_lengths) != lens:
+    mod, lens, known, (lim_b, lim_h), versions = table.get(bm, (None, None, None, (None, None), None))
+    if known is None or bm.mask_mod is not mod or tuple(bm.seq_lengths) != lens or versions != _versions(bm):
         return None
     if (lim_b is not None and b > lim_b) or (lim_h is not None and h > lim_h):
         return None
@@ -363,7 +370,7 @@ def visibility_of(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device
         )
     if bm.kv_num_blocks.device != device:
         raise RuntimeError(f"q/k/v are on {device} but the block_mask is on {bm.kv_num_blocks.device}")
-    if bm not in STRUCTURE and bm not in TWINS and bm not in LOOKED:
+    if LOOKED.get(bm) != _versions(bm):  # not looked at, or its tables were written to since
         _look_at(bm)  # torch's own BlockMask: the ready mod it equals, if any (once per mask)
     fields = _known(STRUCTURE, bm, b, h)
     if fields is not None:
