@@ -226,3 +226,46 @@ def test_tables_written_to_after_the_first_call_are_read_again():
             lambda b, h, qi, kv, keep=keep: (qi >= kv) & keep[qi, kv],
         )
         assert (sa.flex_attention(q, k, v, block_mask=bm).double() - ref).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("how", ["replaced", "through .data"])
+def test_tables_replaced_or_written_without_a_version_bump_are_read_again(how):
+    """(A second breaker run.) The copy of the tables, not their version counters, decides."""
+    t, blk = 64, 16
+    q, k, v = inputs(1, 1, 1, t, t, 8, 8)
+    bm = torch.nn.attention.flex_attention.create_block_mask(
+        _causal, 1, 1, t, t, device="cpu", BLOCK_SIZE=blk
+    )
+    assert flex.describe(q, k, v, block_mask=bm).strategy == "causal"
+    if how == "replaced":
+        bm.full_kv_num_blocks = torch.zeros_like(bm.full_kv_num_blocks)
+    else:
+        bm.full_kv_num_blocks.data.zero_()
+    assert flex.describe(q, k, v, block_mask=bm).strategy != "causal"
+    keep = bm.to_dense()[0, 0].bool().repeat_interleave(blk, 0).repeat_interleave(blk, 1)
+    from tests.test_flex import oracle
+
+    ref, _ = oracle(*(x.detach().double() for x in (q, k, v)), lambda b, h, qi, kv: (qi >= kv) & keep[qi, kv])
+    assert (sa.flex_attention(q, k, v, block_mask=bm).double() - ref).abs().max() < 1e-5
+
+
+def test_a_mod_of_the_keys_alone_from_torchs_tables_is_every_key():
+    """torch's noop_mask, or a mod that ignores q_idx: every row counted (not only each block's first)."""
+    from torch.nn.attention.flex_attention import create_block_mask as torch_block_mask
+    from torch.nn.attention.flex_attention import noop_mask
+
+    q = torch.randn(1, 2, 100, 8)
+    for fn in (noop_mask, lambda b, h, qi, kv: kv >= 0):
+        bm = torch_block_mask(fn, None, None, 100, 100, device="cpu", BLOCK_SIZE=32)
+        assert flex.describe(q, q, q, block_mask=bm).strategy == "single"
+
+
+def test_a_head_difference_from_head_2_on_behind_isinstance_is_seen():
+    def sneaky(b, h, q, kv):
+        if isinstance(h, torch.Tensor):
+            return (q >= kv) | (h >= 2)
+        return q >= kv
+
+    q, k, v = inputs(1, 4, 4, 64, 64, 8, 8)
+    bm = sa.create_block_mask(sneaky, None, None, 64, 64, device="cpu", BLOCK_SIZE=16)
+    assert flex.describe(q, k, v, block_mask=bm).strategy == "blocks"

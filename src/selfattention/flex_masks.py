@@ -205,24 +205,26 @@ def create_block_mask(
         None if f_idx is None else f_idx.to(device), BLOCK_SIZE=(bq, bk), mask_mod=mask_mod,
         seq_lengths=(Q_LEN, KV_LEN),
     )  # fmt: skip
-    LOOKED[bm] = _versions(bm)  # (decided here; visibility_of looks only at BlockMasks made elsewhere)
+    LOOKED[bm] = _Tables(bm)  # (decided here; visibility_of looks only at BlockMasks made elsewhere)
     twin = None if runs is None or Q_LEN == 0 or KV_LEN == 0 else equivalent(runs, Q_LEN, KV_LEN)
     if twin is not None:
         fields = visibility_fields(twin, Q_LEN, KV_LEN)
         if fields is None:
-            TWINS[bm] = (mask_mod, (Q_LEN, KV_LEN), twin, limits, _versions(bm))
+            TWINS[bm] = (mask_mod, (Q_LEN, KV_LEN), twin, limits, _Tables(bm))
     if fields is not None and _tables_cover(fields, b_):
-        STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields, limits, _versions(bm))
+        STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields, limits, _Tables(bm))
     return bm
 
 
 def _varies(mask_mod: Callable, axis: int, q_len: int, k_len: int, device) -> bool:
-    """Whether the mod, on a sample of up to 64 rows × 4096 keys, differs between b = 0 and 1 (``axis``
-    0) or h = 0 and 1 (``axis`` 1), or cannot be evaluated at 1 — a second look besides the traced code
-    (:func:`selfattention.mods.recognise.reads`), which a branch on ``isinstance(h, torch.Tensor)`` fools."""
+    """Whether the mod, on a sample of up to 64 rows × 4096 keys, differs between b = 0 and b = 1 … 7
+    (``axis`` 0) or h = 0 and h = 1 … 7 (``axis`` 1), or cannot be evaluated there — a second look besides
+    the traced code (:func:`selfattention.mods.recognise.reads`), which a branch on ``isinstance(h,
+    torch.Tensor)`` fools. (A mod that hides a difference from both, e.g. behind that branch and only for
+    h ≥ 8, is taken for one that ignores h: with H = None torch's tables assume that too.)"""
     rows = torch.linspace(0, q_len - 1, min(q_len, 64), device=device).round().long().unique()
     keys = torch.linspace(0, k_len - 1, min(k_len, 4096), device=device).round().long().unique()
-    two = torch.arange(2, device=device)
+    two = torch.arange(8, device=device)  # b or h = 0 … 7, each against 0
     zero = torch.zeros(1, dtype=torch.long, device=device)
     b, h = (two, zero) if axis == 0 else (zero, two)
     try:
@@ -233,9 +235,8 @@ def _varies(mask_mod: Callable, axis: int, q_len: int, k_len: int, device) -> bo
         return True
     if not isinstance(m, torch.Tensor) or m.dim() != 4:
         return True
-    m = m.expand(2 if axis == 0 else m.shape[0], 2 if axis == 1 else m.shape[1], *m.shape[2:])
-    first, second = m.select(axis, 0), m.select(axis, 1)
-    return not torch.equal(first, second)
+    m = m.expand(8 if axis == 0 else m.shape[0], 8 if axis == 1 else m.shape[1], *m.shape[2:])
+    return not bool((m == m.narrow(axis, 0, 1)).all())
 
 
 def _batch_rows(value: torch.Tensor, b: int) -> torch.Tensor:
@@ -257,11 +258,28 @@ def _tables_cover(fields: dict, b: int) -> bool:
     return True
 
 
-def _versions(bm: BlockMask) -> tuple:
-    """The version counters of a BlockMask's tables: a write into them (``bm.kv_num_blocks.zero_()``)
-    changes them, and what was recognised from the old tables is then not used."""
-    tables = (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
-    return tuple(None if t is None else t._version for t in tables)
+class _Tables:
+    """A copy of a BlockMask's tables (a few K integers), compared on every call: what was recognised from
+    them is used only while they are unchanged — written to in place, through ``.data`` or numpy, or
+    replaced by other tensors (the version counters alone miss the last two)."""
+
+    def __init__(self, bm: BlockMask) -> None:
+        self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, BlockMask):
+            pairs = zip(self.tables, _tables_of(other), strict=True)
+            return all(
+                a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
+                for a, b in pairs
+            )
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _tables_of(bm: BlockMask) -> tuple:
+    return (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
 
 
 def _look_at(bm: BlockMask) -> None:
@@ -271,7 +289,7 @@ def _look_at(bm: BlockMask) -> None:
     list; a mod that reads b / h holds for calls of at most the tables' batch / heads. Fills STRUCTURE or
     TWINS; nothing where no ready mod matches, the mod cannot be evaluated, or the tables are too large."""
     try:
-        LOOKED[bm] = _versions(bm)
+        LOOKED[bm] = _Tables(bm)
     except TypeError:
         return
     mod, (tq, tk) = bm.mask_mod, tuple(bm.seq_lengths)
@@ -297,7 +315,8 @@ def _look_at(bm: BlockMask) -> None:
             m = evaluate_mod(mod, *index_tiles(bb, bh, i0, i1, j0, j1, device))
             if m.dtype != torch.bool:
                 return
-            m = (cols == FULL) | ((cols == PARTIAL) & m.cpu())  # (bb, bh, R, C)
+            m = m.cpu().expand(*m.shape[:2], i1 - i0, j1 - j0)  # a mod of kv alone: (…, 1, C)
+            m = (cols == FULL) | ((cols == PARTIAL) & m)  # (bb, bh, R, C)
             pad = -(j1 - j0) % bk
             if pad:
                 m = torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], dim=-1)
@@ -309,9 +328,9 @@ def _look_at(bm: BlockMask) -> None:
         return
     fields = visibility_fields(twin, tq, tk)
     if fields is None:
-        TWINS[bm] = (mod, (tq, tk), twin, limits, _versions(bm))
+        TWINS[bm] = (mod, (tq, tk), twin, limits, _Tables(bm))
     elif _tables_cover(fields, bb):
-        STRUCTURE[bm] = (mod, (tq, tk), fields, limits, _versions(bm))
+        STRUCTURE[bm] = (mod, (tq, tk), fields, limits, _Tables(bm))
 
 
 def _known(table: weakref.WeakKeyDictionary, bm: BlockMask, b: int, h: int):
@@ -319,7 +338,7 @@ def _known(table: weakref.WeakKeyDictionary, bm: BlockMask, b: int, h: int):
     function that reads b / h was evaluated for at least this call's batch / heads, else None (a mod that
     reads h, made for H = 2 and called with 4 heads: heads 2, 3 evaluate the mod itself)."""
     mod, lens, known, (lim_b, lim_h), versions = table.get(bm, (None, None, None, (None, None), None))
-    if known is None or bm.mask_mod is not mod or tuple(bm.seq_lengths) != lens or versions != _versions(bm):
+    if known is None or bm.mask_mod is not mod or tuple(bm.seq_lengths) != lens or not versions == bm:
         return None
     if (lim_b is not None and b > lim_b) or (lim_h is not None and h > lim_h):
         return None
@@ -370,7 +389,8 @@ def visibility_of(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device
         )
     if bm.kv_num_blocks.device != device:
         raise RuntimeError(f"q/k/v are on {device} but the block_mask is on {bm.kv_num_blocks.device}")
-    if LOOKED.get(bm) != _versions(bm):  # not looked at, or its tables were written to since
+    seen = LOOKED.get(bm)
+    if seen is None or not seen == bm:  # not looked at, or its tables changed since
         _look_at(bm)  # torch's own BlockMask: the ready mod it equals, if any (once per mask)
     fields = _known(STRUCTURE, bm, b, h)
     if fields is not None:
