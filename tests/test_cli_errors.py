@@ -270,3 +270,17 @@ def test_train_and_bench_check_their_output_folder_first(tmp_path, capsys, monke
     assert_usage_error(code, out, err, r"--out: cannot write")
     code, out, err = run(["bench", "--out", f"{UNWRITABLE_DIR}/b", "--repeats", "1"], capsys)
     assert_usage_error(code, out, err, r"--out: cannot write")
+
+
+def test_os_errors_are_in_the_interface_language(tmp_path, capsys):
+    """The OS gives its reason in English whatever --lang says; the usual ones are translated."""
+    from selfattention.cli import main
+
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    target = str(afile / "sub")  # a folder under a file: "Not a directory"
+    assert main(["--lang", "zh", "bench", "--out", target]) == 2
+    err = "".join(capsys.readouterr().err.split())  # (Chinese wraps anywhere: no spaces)
+    assert "不是目录" in err and "Notadirectory" not in err, err
+    assert main(["bench", "--out", target]) == 2
+    assert "Not a directory" in " ".join(capsys.readouterr().err.split())

@@ -2,14 +2,39 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
-from ..i18n import _
+from ..i18n import N_, _
 
-__all__ = ["save_png", "unknown_tokens_note"]
+__all__ = ["os_error", "save_png", "unknown_tokens_note"]
+
+# the operating system's own wording for the errors a file option meets, translated for --lang
+_OS_ERRORS = {
+    errno.EACCES: N_("Permission denied"),
+    errno.EPERM: N_("Operation not permitted"),
+    errno.ENOENT: N_("No such file or directory"),
+    errno.ENOTDIR: N_("Not a directory"),
+    errno.EISDIR: N_("Is a directory"),
+    errno.EROFS: N_("Read-only file system"),
+    errno.ENOSPC: N_("No space left on device"),
+    errno.EEXIST: N_("File exists"),
+    errno.ENAMETOOLONG: N_("File name too long"),
+}
+
+
+def os_error(e: OSError) -> str:
+    """An OSError's reason in the interface language: the usual ones translated (the OS gives English
+    whatever ``--lang`` says), any other as the OS words it.
+
+    >>> os_error(PermissionError(errno.EACCES, "Permission denied"))
+    'Permission denied'
+    """
+    known = _OS_ERRORS.get(e.errno)
+    return _(known) if known is not None else str(e.strerror or e)
 
 
 def unknown_tokens_note(run: Any, name: str) -> str | None:
@@ -99,7 +124,7 @@ def _try_writing(option: str, target: Path, shown: Path) -> None:
     except OSError as e:
         raise UsageError(
             _("{option}: cannot write {path!r}: {error}").format(
-                option=option, path=str(shown), error=e.strerror or e
+                option=option, path=str(shown), error=os_error(e)
             )
         ) from e
     if not existed:
@@ -116,7 +141,7 @@ def output_folder(option: str, folder: Path) -> Path:
     except OSError as e:
         raise UsageError(
             _("{option}: cannot write {path!r}: {error}").format(
-                option=option, path=str(folder), error=e.strerror or e
+                option=option, path=str(folder), error=os_error(e)
             )
         ) from e
     _try_writing(option, folder / ".selfattention-write-test", folder)

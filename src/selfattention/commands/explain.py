@@ -21,7 +21,7 @@ from ..attribution import FLOW_MAX_TOKENS, MEASURES
 from ..i18n import N_, _
 from ..pretrained import MATCH_TOLERANCE
 from . import UsageError, console
-from ._notes import png_target, save_png, unknown_tokens_note
+from ._notes import os_error, png_target, save_png, unknown_tokens_note
 
 DEFAULT_TEXT = "The animal didn't cross the street because it was too tired."
 DEFAULT_LAYER = 3
@@ -462,7 +462,9 @@ def explain(
         try:
             save_png(fig, out, dpi=150)
         except OSError as e:
-            raise UsageError(_("--out: cannot write {path!r}: {error}").format(path=str(out), error=e)) from e
+            raise UsageError(
+                _("--out: cannot write {path!r}: {error}").format(path=str(out), error=os_error(e))
+            ) from e
         console.print(
             _("heatmap ({T}×{T}) written to {out}").format(T=n, out=out), highlight=False, markup=False
         )

@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from ..i18n import N_, _
 from . import UsageError, console
-from ._notes import png_target, save_png, unknown_tokens_note
+from ._notes import os_error, png_target, save_png, unknown_tokens_note
 
 _HELP = N_(
     "Write one self-contained HTML report (no network, opens from disk): the tokens, a layer × head grid, "
@@ -198,7 +198,7 @@ def register(app: typer.Typer) -> None:
             out.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UsageError(
-                _("--out {path}: cannot create its folder ({error})").format(path=out, error=e.strerror)
+                _("--out {path}: cannot create its folder ({error})").format(path=out, error=os_error(e))
             ) from None
         if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
             raise UsageError(_("--out {path}: not writable").format(path=out))
