@@ -20,12 +20,12 @@ __all__ = ["create_mask", "create_block_mask", "visibility_of", "positional_args
 
 LARGE = 1 << 30  # torch's block size of "no block mask"
 
-# create_block_mask's BlockMasks of a recognised mod → (mod, lengths, Visibility fields, (batch, heads) limits
-# of a function that reads b / h, or None): kept while unchanged
+# BlockMasks of a recognised mod → (mod, lengths, Visibility fields, (batch, heads) limits of a function that
+# reads b / h, or None), written by _remember with LOOKED, the copy of the tables they were read from
 STRUCTURE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# ... of a function equal to a ready mod without Visibility fields (prefix-LM) → (mod, lengths, ready mod)
+# ... of a function equal to a ready mod without Visibility fields (prefix-LM) → (mod, lengths, ready mod, limits)
 TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# BlockMasks made elsewhere (torch's create_block_mask, from_kv_blocks) already looked at for a ready mod
+# every BlockMask looked at (made here, or torch's on its first call) → a copy of its tables then (_Tables)
 LOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 RUNS_MAX_ROWS = 1 << 22  # rows (B·H·Q_LEN) up to which create_block_mask looks for a ready mod's pattern
 
@@ -165,9 +165,7 @@ def create_block_mask(
     # mod at the real b and h in partial blocks, and tables made for B = None show batch 0's)
     runs, limits = None, (None, None)  # limits: the batch / head counts a recognised function holds for
     if fields is None and b_ * h_ * Q_LEN <= RUNS_MAX_ROWS:
-        reads_b, reads_h = reads(mask_mod)
-        reads_b = reads_b or (B is None and _varies(mask_mod, 0, Q_LEN, KV_LEN, device))
-        reads_h = reads_h or (H is None and _varies(mask_mod, 1, Q_LEN, KV_LEN, device))
+        reads_b, reads_h = _reads(mask_mod, B is None, H is None, Q_LEN, KV_LEN, device)
         if (B is not None or not reads_b) and (H is not None or not reads_h):
             runs = RowRuns(b_, h_, Q_LEN, KV_LEN)
             limits = (b_ if reads_b else None, h_ if reads_h else None)
@@ -188,9 +186,7 @@ def create_block_mask(
             if m.dtype != torch.bool:
                 raise TypeError(f"mask_mod must return a bool tensor, got dtype {m.dtype}")
             m = m.expand(*m.shape[:2], i1 - i0, j1 - j0)  # (1 or B, 1 or H, R, C)
-            pad = (-(j1 - j0)) % bk
-            if pad:
-                m = torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], dim=-1)
+            m = _whole_blocks(m, bk)
             if runs is not None:  # (its per-row counts per block, summed over the rows: the blocks' counts)
                 m = runs.add(m, i0, j0, bk).sum(dim=2)
             else:
@@ -205,15 +201,17 @@ def create_block_mask(
         None if f_idx is None else f_idx.to(device), BLOCK_SIZE=(bq, bk), mask_mod=mask_mod,
         seq_lengths=(Q_LEN, KV_LEN),
     )  # fmt: skip
-    LOOKED[bm] = _Tables(bm)  # (decided here; visibility_of looks only at BlockMasks made elsewhere)
     twin = None if runs is None or Q_LEN == 0 or KV_LEN == 0 else equivalent(runs, Q_LEN, KV_LEN)
-    if twin is not None:
-        fields = visibility_fields(twin, Q_LEN, KV_LEN)
-        if fields is None:
-            TWINS[bm] = (mask_mod, (Q_LEN, KV_LEN), twin, limits, _Tables(bm))
-    if fields is not None and _tables_cover(fields, b_):
-        STRUCTURE[bm] = (mask_mod, (Q_LEN, KV_LEN), fields, limits, _Tables(bm))
+    _remember(
+        bm, fields, twin, limits, b_
+    )  # (decided here: visibility_of looks only at masks made elsewhere)
     return bm
+
+
+def _whole_blocks(m: torch.Tensor, bk: int) -> torch.Tensor:
+    """A bool tile (…, C) padded with hidden keys to a multiple of ``bk`` columns."""
+    pad = -m.shape[-1] % bk
+    return torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], dim=-1) if pad else m
 
 
 def _varies(mask_mod: Callable, axis: int, q_len: int, k_len: int, device) -> bool:
@@ -224,9 +222,9 @@ def _varies(mask_mod: Callable, axis: int, q_len: int, k_len: int, device) -> bo
     h ≥ 8, is taken for one that ignores h: with H = None torch's tables assume that too.)"""
     rows = torch.linspace(0, q_len - 1, min(q_len, 64), device=device).round().long().unique()
     keys = torch.linspace(0, k_len - 1, min(k_len, 4096), device=device).round().long().unique()
-    two = torch.arange(8, device=device)  # b or h = 0 … 7, each against 0
+    several = torch.arange(8, device=device)  # b or h = 0 … 7, each against 0
     zero = torch.zeros(1, dtype=torch.long, device=device)
-    b, h = (two, zero) if axis == 0 else (zero, two)
+    b, h = (several, zero) if axis == 0 else (zero, several)
     try:
         m = evaluate_mod(
             mask_mod, b.view(-1, 1, 1, 1), h.view(1, -1, 1, 1), rows.view(1, 1, -1, 1), keys.view(1, 1, 1, -1)
@@ -266,16 +264,11 @@ class _Tables:
     def __init__(self, bm: BlockMask) -> None:
         self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
 
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, BlockMask):
-            pairs = zip(self.tables, _tables_of(other), strict=True)
-            return all(
-                a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
-                for a, b in pairs
-            )
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
+    def match(self, bm: BlockMask) -> bool:
+        return all(
+            a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
+            for a, b in zip(self.tables, _tables_of(bm), strict=True)
+        )
 
 
 def _tables_of(bm: BlockMask) -> tuple:
@@ -288,20 +281,16 @@ def _look_at(bm: BlockMask) -> None:
     mod say together (full blocks, and the mod in partial ones), evaluated once over the blocks the tables
     list; a mod that reads b / h holds for calls of at most the tables' batch / heads. Fills STRUCTURE or
     TWINS; nothing where no ready mod matches, the mod cannot be evaluated, or the tables are too large."""
-    try:
-        LOOKED[bm] = _Tables(bm)
-    except TypeError:
-        return
     mod, (tq, tk) = bm.mask_mod, tuple(bm.seq_lengths)
     kinds = block_kinds(bm)
     bb, bh, nq, _ = kinds.shape
+    _remember(bm, None, None, (None, None), bb)  # what an earlier look found no longer holds
     if mod is None or tq == 0 or tk == 0 or bb * bh * tq > RUNS_MAX_ROWS:
         return
     bq, bk = bm.BLOCK_SIZE
     device = bm.kv_num_blocks.device
-    reads_b, reads_h = reads(mod)
-    limits = (bb if reads_b or _varies(mod, 0, tq, tk, device) else None,
-              bh if reads_h or _varies(mod, 1, tq, tk, device) else None)  # fmt: skip
+    reads_b, reads_h = _reads(mod, True, True, tq, tk, device)
+    limits = (bb if reads_b else None, bh if reads_h else None)
     runs = RowRuns(bb, bh, tq, tk)
     try:
         for a in range(min(nq, -(-tq // bq))):
@@ -317,28 +306,45 @@ def _look_at(bm: BlockMask) -> None:
                 return
             m = m.cpu().expand(*m.shape[:2], i1 - i0, j1 - j0)  # a mod of kv alone: (…, 1, C)
             m = (cols == FULL) | ((cols == PARTIAL) & m)  # (bb, bh, R, C)
-            pad = -(j1 - j0) % bk
-            if pad:
-                m = torch.cat([m, m.new_zeros((*m.shape[:-1], pad))], dim=-1)
+            m = _whole_blocks(m, bk)
             runs.add(m, i0, j0, bk)
     except Exception:  # the mod's own error surfaces where the generic plan evaluates it
         return
-    twin = equivalent(runs, tq, tk)
-    if twin is None:
-        return
-    fields = visibility_fields(twin, tq, tk)
-    if fields is None:
-        TWINS[bm] = (mod, (tq, tk), twin, limits, _Tables(bm))
-    elif _tables_cover(fields, bb):
-        STRUCTURE[bm] = (mod, (tq, tk), fields, limits, _Tables(bm))
+    _remember(bm, None, equivalent(runs, tq, tk), limits, bb)
+
+
+def _remember(bm: BlockMask, fields: dict | None, twin, limits: tuple, b: int) -> None:
+    """Record what ``bm`` was found to be — a ready mod's Visibility ``fields`` or a ``twin`` ready mod
+    (its fields, or itself when it has none: prefix-LM), for calls within ``limits`` — together with a copy
+    of its tables, so that a later change to them is seen; forget what an earlier look recorded."""
+    LOOKED[bm] = _Tables(bm)
+    STRUCTURE.pop(bm, None)
+    TWINS.pop(bm, None)
+    key = (bm.mask_mod, tuple(bm.seq_lengths))
+    if twin is not None:
+        fields = visibility_fields(twin, *key[1])
+        if fields is None:
+            TWINS[bm] = (*key, twin, limits)
+    if fields is not None and _tables_cover(fields, b):
+        STRUCTURE[bm] = (*key, fields, limits)
+
+
+def _reads(mod: Callable, probe_b: bool, probe_h: bool, q_len: int, k_len: int, device) -> tuple[bool, bool]:
+    """Whether ``mod`` reads b / h: its traced code says so (:func:`~selfattention.mods.recognise.reads`),
+    or, where ``probe_b`` / ``probe_h``, its values differ between b / h = 0 and 1 … 7 (:func:`_varies`)."""
+    reads_b, reads_h = reads(mod)
+    reads_b = reads_b or (probe_b and _varies(mod, 0, q_len, k_len, device))
+    reads_h = reads_h or (probe_h and _varies(mod, 1, q_len, k_len, device))
+    return reads_b, reads_h
 
 
 def _known(table: weakref.WeakKeyDictionary, bm: BlockMask, b: int, h: int):
     """What ``table`` (STRUCTURE or TWINS) holds for ``bm`` if its mask_mod and lengths are unchanged and a
     function that reads b / h was evaluated for at least this call's batch / heads, else None (a mod that
-    reads h, made for H = 2 and called with 4 heads: heads 2, 3 evaluate the mod itself)."""
-    mod, lens, known, (lim_b, lim_h), versions = table.get(bm, (None, None, None, (None, None), None))
-    if known is None or bm.mask_mod is not mod or tuple(bm.seq_lengths) != lens or not versions == bm:
+    reads h, made for H = 2 and called with 4 heads: heads 2, 3 evaluate the mod itself). The tables are
+    those of the record: :func:`visibility_of` looks again first where they changed."""
+    mod, lens, known, (lim_b, lim_h) = table.get(bm, (None, None, None, (None, None)))
+    if known is None or bm.mask_mod is not mod or tuple(bm.seq_lengths) != lens:
         return None
     if (lim_b is not None and b > lim_b) or (lim_h is not None and h > lim_h):
         return None
@@ -390,8 +396,8 @@ def visibility_of(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device
     if bm.kv_num_blocks.device != device:
         raise RuntimeError(f"q/k/v are on {device} but the block_mask is on {bm.kv_num_blocks.device}")
     seen = LOOKED.get(bm)
-    if seen is None or not seen == bm:  # not looked at, or its tables changed since
-        _look_at(bm)  # torch's own BlockMask: the ready mod it equals, if any (once per mask)
+    if seen is None or not seen.match(bm):  # torch's own BlockMask, or tables changed since the last look
+        _look_at(bm)
     fields = _known(STRUCTURE, bm, b, h)
     if fields is not None:
         fields = {

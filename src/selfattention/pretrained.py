@@ -75,6 +75,7 @@ __all__ = [
     "resolve_model",
     "run_text",
     "suggest_model",
+    "token_count",
     "trained_length",
 ]
 
@@ -212,6 +213,27 @@ def _per_head(t: torch.Tensor, heads: int) -> torch.Tensor:
     return t.repeat_interleave(heads // t.shape[0], dim=0) if t.shape[0] != heads else t
 
 
+def _max_length(model: str | Path | None, max_length: int | None) -> int:
+    """The token budget of a run: ``max_length``, checked against the model's position limit (None: that
+    limit, or no limit). ValueError when out of 2 .. the limit."""
+    limit = position_limit(model)
+    top = limit if limit is not None else 1 << 30
+    if max_length is None:
+        max_length = top
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 2 <= max_length <= top:
+        raise ValueError(f"max_length must be an int in 2..{top}, got {max_length!r}")
+    return max_length
+
+
+def token_count(text: str, *, model: str | Path | None = None, max_length: int | None = None) -> int:
+    """How many tokens (special ones included) :func:`run_text` will run for ``text`` with these
+    arguments, without running the model — for checking a token index before the run. Raises ValueError
+    as run_text does for ``max_length``."""
+    max_length = _max_length(model, max_length)
+    tokenizer = load_model(model)[1]
+    return len(tokenizer(text, truncation=True, max_length=max_length)["input_ids"])
+
+
 def run_text(
     text: str,
     *,
@@ -244,13 +266,7 @@ def run_text(
         raise TypeError(f"text must be a str, got {type(text).__name__}")
     if not text.strip():
         raise ValueError("text is empty (or only whitespace): give at least one word")
-    limit = position_limit(model)
-    if max_length is None:
-        max_length = limit if limit is not None else 1 << 30
-    top = limit if limit is not None else 1 << 30
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or not 2 <= max_length <= top:
-        raise ValueError(f"max_length must be an int in 2..{top}, got {max_length!r}")
-
+    max_length = _max_length(model, max_length)
     net, tokenizer = load_model(model)
     n_full = len(tokenizer(text, truncation=False, verbose=False)["input_ids"])
     enc = tokenizer(text, truncation=True, max_length=max_length, return_tensors="pt")

@@ -265,16 +265,11 @@ def register(app: typer.Typer) -> None:
             ) as progress:
                 task = progress.add_task(_("loading {name} (offline)…").format(name=name), total=None)
                 try:
-                    tokenizer = pretrained.load_model(model)[1]
+                    pretrained.load_model(model)
                 except ValueError as e:
                     raise UsageError(_("--model: {error}").format(error=e)) from None
                 if token is not None:  # the tokens the run will have, before the run
-                    n = len(
-                        tokenizer(text, truncation=True, max_length=max_length or limit or (1 << 30))[
-                            "input_ids"
-                        ]
-                    )
-                    _check_token(token, n)
+                    _check_token(token, pretrained.token_count(text, model=model, max_length=max_length))
                 progress.update(
                     task, description=_("running the model on our attention (and eager, to compare)…")
                 )

@@ -90,7 +90,7 @@ def reads(mask_mod: Callable) -> tuple[bool, bool]:
     depends on nothing; ``q_idx.new_tensor(h)`` depends on h). A mod that cannot be traced counts as
     reading both. Tracing sees the mod's code for proxies, not tensors (a branch on ``isinstance(h,
     torch.Tensor)`` takes the other way): :func:`selfattention.flex.create_block_mask` also evaluates the
-    mod at b = 1 and h = 1 before it takes it for one that reads neither.
+    mod at b, h = 1 … 7 before it takes it for one that reads neither.
 
     >>> reads(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx), reads(lambda b, h, q_idx, kv_idx: q_idx - kv_idx < h)
     ((False, False), (False, True))
