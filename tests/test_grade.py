@@ -322,14 +322,23 @@ def test_quotes_are_the_lectures_words():
         pytest.skip("the lecture texts are not on this machine")
     texts = {n: _plain(f.read_text(encoding="utf-8")) for n, f in files.items()}
     for m in MISTAKES.values():
-        if m.lecture:
-            for part in m.quote.split("…"):
-                assert _plain(part) in texts[m.lecture], (m.code, part)
+        for lecture, _section, quote in ((m.lecture, m.section, m.quote), m.other or ("", "", "")):
+            for part in quote.split("…") if lecture else ():
+                assert _plain(part) in texts[lecture], (m.code, part)
 
 
 def _plain(text: str) -> str:
     """Text without LaTeX markup, spaces and quotation marks (the lecture writes ω_{ij} as \\omega_{ij})."""
-    for tex, char in ((r"\omega", "ω"), (r"\cdot", "·"), (r"\top", "ᵀ"), (r"\mathbf", ""), (r"\mathrm", "")):
+    for tex, char in (
+        (r"\omega", "ω"),
+        (r"\cdot", "·"),
+        (r"^\top", "ᵀ"),
+        (r"\top", "ᵀ"),
+        (r"\mathbf", ""),
+        (r"\mathrm", ""),
+        (r"\left", ""),
+        (r"\right", ""),
+    ):
         text = text.replace(tex, char)
     return re.sub(r"[\s${}\\“”\"]", "", text)
 
@@ -450,3 +459,89 @@ def test_a_new_tensor_is_not_a_mutation():
         return torch.softmax(s, -1).nan_to_num(0.0) @ v
 
     assert grade(scaled_dot_product_attention).passed
+
+
+# --- shape slips, half precision, the lecture of the task ------------------------------------------------
+
+
+def test_code_that_raises_on_every_probe_is_explained_by_no_mistake():
+    def scaled_dot_product_attention(q, k, v, mask=None):
+        return undefined_name(q)  # noqa: F821 — a NameError on every probe
+
+    report = grade(scaled_dot_product_attention)
+    assert report.codes == ["exception"]
+    assert "NameError" in report.findings[0].message
+
+
+def test_a_shape_mutation_matches_only_shape_errors():
+    """K Qᵀ cannot run where Tq ≠ Tk; code that computes the spec but raises a TypeError exactly there is
+    not 'transposed_scores' (a TypeError is no shape error)."""
+
+    def scaled_dot_product_attention(q, k, v, mask=None):
+        if q.shape[0] != k.shape[0]:
+            raise TypeError("only square problems")
+        return attention_ref(q, k, v, mask)[0].float()
+
+    assert "transposed_scores" not in grade(scaled_dot_product_attention).codes
+
+
+def test_missing_transpose_in_every_task():
+    class SelfAttention(torch.nn.Module):
+        def __init__(self, d_in, d_out):
+            super().__init__()
+            self.W_query = torch.nn.Linear(d_in, d_out, bias=False)
+            self.W_key = torch.nn.Linear(d_in, d_out, bias=False)
+            self.W_value = torch.nn.Linear(d_in, d_out, bias=False)
+
+        def forward(self, x):
+            q, k, v = self.W_query(x), self.W_key(x), self.W_value(x)
+            return torch.softmax(q @ k / k.shape[-1] ** 0.5, dim=-1) @ v  # no .T
+
+    def simple_attention(X):
+        return torch.softmax(X @ X, dim=-1) @ X
+
+    def scaled_dot_product_attention(q, k, v):  # no mask argument: the mask-less probes only
+        return torch.softmax(q @ k / q.shape[-1] ** 0.5, dim=-1) @ v
+
+    for fn in (SelfAttention, simple_attention, scaled_dot_product_attention):
+        assert grade(fn).codes == ["missing_transpose"], fn
+    report = grade(simple_attention)
+    assert report.findings[0].lecture == "000" and "两两内积矩阵" in report.findings[0].passage
+    assert grade(scaled_dot_product_attention).findings[0].lecture == "003"
+
+
+def test_a_task_of_lecture_000_cites_lecture_000():
+    report = grade(lambda X: (torch.softmax(X @ X.T, dim=-1) @ X)[:1], task="simple")
+    assert report.codes == ["wrong_shape"]
+    assert report.findings[0].lecture == "000" and "第 000 讲" not in report.findings[0].message
+    assert "z_i" in report.findings[0].passage
+    report = grade(lambda X: torch.softmax(X @ X.T, dim=-1) @ X + 0.5, task="simple")
+    assert report.codes == ["unrecognised"] and "Z = softmax(X Xᵀ) X" in report.findings[0].passage
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_is_named_alone_and_beside_a_mistake(dtype):
+    def right(q, k, v, mask=None):
+        return attention_ref(q.to(dtype), k.to(dtype), v.to(dtype), mask)[0].to(dtype).float()
+
+    def unscaled(q, k, v, mask=None):
+        return attention_ref(q.to(dtype), k.to(dtype), v.to(dtype), mask, scale=1.0)[0].to(dtype)
+
+    name = str(dtype).removeprefix("torch.")
+    report = grade(right, task="sdpa")
+    assert report.codes == ["low_precision"] and name in report.findings[0].message
+    assert grade(unscaled, task="sdpa").codes == ["missing_scale", "low_precision"]
+
+
+def test_a_float32_slip_of_the_same_size_is_not_half_precision():
+    """Adding 1e-3 to every weight moves the outputs as much as bfloat16 rounding does (≈ 4e-3), but the
+    outputs are float32 numbers: not low_precision."""
+
+    def scaled_dot_product_attention(q, k, v, mask=None):
+        s = q @ k.T / q.shape[-1] ** 0.5
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        w = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        return (w + 1e-3) @ v
+
+    assert grade(scaled_dot_product_attention).codes == ["unrecognised"]

@@ -39,6 +39,7 @@ from ..i18n import _
 from .attention_tasks import DECODE, MODULE, SDPA, SIMPLE
 from .fit import (
     MUTATED,
+    RTOL,
     NotGradable,
     Raised,
     Task,
@@ -53,7 +54,7 @@ from .fit import (
 from .fit import fit as fit_mistakes  # the name `fit` stays the module (selfattention.grade.fit.TIME_LIMIT)
 from .layout_tasks import CAUSAL, HEADS
 from .loader import FileSyntaxError, detect_tasks, load_file, tasks_in_source
-from .mistakes import MISTAKES, Mistake, passage
+from .mistakes import MISTAKES, Mistake, cited, passage
 from .report import Finding, ProbeResult, Report
 
 __all__ = [
@@ -99,13 +100,15 @@ def resolve_task(name: str) -> Task:
     return TASKS[key]
 
 
-def _finding(code: str, detail: str = "") -> Finding:
+def _finding(code: str, detail: str = "", lecture: str | None = None) -> Finding:
+    """The finding ``code``, citing the passage of the graded task's ``lecture`` where it has one."""
     mistake = MISTAKES[code]
     message = _(mistake.message)
     if "{detail}" in message:
         message = message.format(detail=detail)
+    number = cited(mistake, lecture)[0]
     return Finding(
-        code, message, mistake.lecture, passage(mistake), detail, _(mistake.note) if mistake.note else ""
+        code, message, number, passage(mistake, lecture), detail, _(mistake.note) if mistake.note else ""
     )
 
 
@@ -184,10 +187,10 @@ def grade(obj: Any, task: str | None = None, *, file: str | None = None) -> Repo
     try:
         subject = chosen.prepare(target)
     except NotGradable as e:
-        report.findings.append(_finding("not_gradable", str(e)))
+        report.findings.append(_finding("not_gradable", str(e), chosen.lecture))
         return report
     except Exception as e:  # the learner's object misbehaving while it is set up (a __deepcopy__ …)
-        report.findings.append(_finding("exception", last_line_of(e)))
+        report.findings.append(_finding("exception", last_line_of(e), chosen.lecture))
         return report
     probes = chosen.probes(subject)
     MUTATED.clear()
@@ -199,7 +202,7 @@ def grade(obj: Any, task: str | None = None, *, file: str | None = None) -> Repo
             continue
         learner.append(run_safely(lambda p=p: chosen.call(subject, p)))
     if MUTATED:  # whatever else is right or wrong, the caller's tensors must not change
-        report.findings.append(_finding("mutates_input", ", ".join(MUTATED)))
+        report.findings.append(_finding("mutates_input", ", ".join(MUTATED), chosen.lecture))
     spec = chosen.spec
 
     def reference(config: dict[str, str], i: int) -> Any:
@@ -217,9 +220,14 @@ def grade(obj: Any, task: str | None = None, *, file: str | None = None) -> Repo
         )
     if all(p.matches_spec for p in report.probes):
         return report
-    config = fit_mistakes(chosen.axes, learner, reference, chosen.max_mistakes)
+    half = half_precision(learner)
+    config = fit_mistakes(
+        chosen.axes, learner, reference, chosen.max_mistakes, HALF_PRECISION if half else RTOL
+    )
     if config is not None:
-        report.findings += [_finding(code) for code in codes(chosen.axes, config)]
+        report.findings += [_finding(code, lecture=chosen.lecture) for code in codes(chosen.axes, config)]
+        if half:  # within half precision's rounding of the spec (or of the mistakes found)
+            report.findings.append(_finding("low_precision", half, chosen.lecture))
         for p in report.probes:
             if p.raised:
                 report.notes.append(
@@ -228,7 +236,9 @@ def grade(obj: Any, task: str | None = None, *, file: str | None = None) -> Repo
                     )
                 )
         return report
-    report.findings += _unexplained(report.probes, learner, expected)
+    report.findings += _unexplained(report.probes, learner, expected, chosen.lecture)
+    if half:
+        report.findings.append(_finding("low_precision", half, chosen.lecture))
     return report
 
 
@@ -237,27 +247,59 @@ def run_reference(task: Task, subject: Any, config: dict[str, str], probe: Any) 
     return as_outputs(task.reference(subject, config, probe))
 
 
-def _unexplained(probes: list[ProbeResult], learner: list[Any], expected: list[Any]) -> list[Finding]:
-    """Findings when no combination of known mistakes explains the outputs: exceptions, shapes, the rest."""
+def _unexplained(
+    probes: list[ProbeResult], learner: list[Any], expected: list[Any], lecture: str
+) -> list[Finding]:
+    """Findings when no combination of known mistakes explains the outputs: exceptions, shapes, half
+    precision (every output that runs is within half precision's rounding of the spec), the rest."""
     found: list[Finding] = []
     for p, got, want in zip(probes, learner, expected, strict=True):
         if p.matches_spec:
             continue
         if isinstance(got, Raised):
             if "exception" not in [f.code for f in found]:
-                found.append(_finding("exception", f"{got.last_line} ({p.name})"))
+                found.append(_finding("exception", f"{got.last_line} ({p.name})", lecture))
         elif not isinstance(want, Raised) and [tuple(t.shape) for t in got] != [tuple(t.shape) for t in want]:
             if "wrong_shape" not in [f.code for f in found]:
                 shapes = _("expected {want}, got {got} ({probe})").format(
                     want=_shapes(want), got=_shapes(got), probe=p.name
                 )
-                found.append(_finding("wrong_shape", shapes))
+                found.append(_finding("wrong_shape", shapes, lecture))
         elif "unrecognised" not in [f.code for f in found]:
             detail = _("largest difference {value:.3g} on the probe “{probe}”").format(
                 value=p.max_error if p.max_error is not None else float("nan"), probe=p.name
             )
-            found.append(_finding("unrecognised", detail))
+            found.append(_finding("unrecognised", detail, lecture))
     return found
+
+
+HALF_PRECISION = 2e-2
+"""The tolerance (relative and ×1 absolute) of the fit when the outputs are half precision numbers:
+float16 keeps 11 significant bits (unit roundoff 4.9e-4), bfloat16 8 (3.9e-3); the spec computed in
+bfloat16 is off by 3e-3 … 6e-3 on the probes, in float16 by 4e-4 … 1.1e-3; the nearest mistake (√(d_k + 1)
+for √d_k) by 2e-2 … 5e-2."""
+
+_MIN_VALUES = 8
+
+
+def half_precision(learner: list[Any]) -> str:
+    """ "float16" or "bfloat16" when every finite value of the first output (the attention's result; a
+    decode step's caches are the caller's) of every probe that ran is a number of that format (a float32
+    result is one by chance with odds ≈ 2⁻¹³ a value) and there are at least :data:`_MIN_VALUES` non-zero
+    ones; else "". Such code computed (or rounded) in half precision."""
+    import torch
+
+    values = [o[0].flatten() for o in learner if not isinstance(o, Raised) and o and o[0].is_floating_point()]
+    values = [v[torch.isfinite(v) & (v != 0)].double() for v in values]
+    if sum(v.numel() for v in values) < _MIN_VALUES:
+        return ""
+    for dtype in (
+        torch.bfloat16,
+        torch.float16,
+    ):  # the narrower first: bfloat16 numbers of |x| < 65504 are float16's too
+        if all(torch.equal(v.to(dtype).double(), v) for v in values):
+            return str(dtype).removeprefix("torch.")
+    return ""
 
 
 def _shapes(outputs: tuple[Any, ...]) -> str:
@@ -298,7 +340,7 @@ def grade_file(path: str | Path, task: str | None = None) -> Report:
             contract=_(chosen.contract),
             file=str(path),
         )
-        report.findings.append(_finding("exception", error))
+        report.findings.append(_finding("exception", error, chosen.lecture))
         return report
     return grade(namespace, task, file=str(path))
 

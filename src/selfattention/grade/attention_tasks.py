@@ -32,7 +32,16 @@ _SCALE = Axis(
 _SCALE_MODULE = Axis("scale", (*_SCALE.options, ("sqrt_dmodel", "scale_d_model")))
 _SCALE_SIMPLE = Axis("scale", (("none", None), ("sqrt_d", "extra_scale")))
 _AXIS = Axis("axis", (("keys", None), ("queries", "softmax_axis")))
-_ORDER = Axis("order", (("qk", None), ("kq", "transposed_scores"), ("weights_t", "transposed_scores")))
+_ORDER = Axis(
+    "order",
+    (
+        ("qk", None),
+        ("kq", "transposed_scores"),
+        ("weights_t", "transposed_scores"),
+        ("no_transpose", "missing_transpose"),
+    ),
+)
+_ORDER_SIMPLE = Axis("order", (("qk", None), ("no_transpose", "missing_transpose")))
 _NORM = Axis("norm", (("softmax", None), ("raw", "rows_not_normalized"), ("exp", "rows_not_normalized")))
 _NORM_MASK = Axis("norm", (*_NORM.options, ("post_mask", "rows_not_normalized")))
 _POLARITY = Axis("polarity", (("keep", None), ("inverted", "mask_polarity")))
@@ -72,15 +81,19 @@ def attend(
 ) -> torch.Tensor:
     """Attention of (Tq, D) queries over (Tk, D) keys and (Tk, Dv) values under ``config``'s mutations.
 
-    ``config`` keys: ``order`` (qk | kq | weights_t), ``axis`` (keys | queries), ``norm`` (softmax | raw |
+    ``config`` keys: ``order`` (qk | kq | weights_t | no_transpose: Q·K, which runs only when Tk = D),
+    ``axis`` (keys | queries), ``norm`` (softmax | raw |
     exp | post_mask), ``polarity`` (keep | inverted), ``fill`` (zero_rows | neg_inf | big_negative | ignored
     | zero); missing keys take the spec option. ``mask`` is bool, True = attend. Raises what torch raises
-    when a mutation cannot run on these shapes (K Qᵀ with Tq ≠ Tk).
+    when a mutation cannot run on these shapes (K Qᵀ with Tq ≠ Tk, Q·K with Tk ≠ D).
     """
     order = config.get("order", "qk")
     norm = config.get("norm", "softmax")
     fill = config.get("fill", "zero_rows")
-    scores = (k @ q.mT if order == "kq" else q @ k.mT) * factor
+    if order == "no_transpose":
+        scores = (q @ k) * factor
+    else:
+        scores = (k @ q.mT if order == "kq" else q @ k.mT) * factor
     keep = None
     if mask is not None and fill != "ignored":
         keep = mask if config.get("polarity", "keep") == "keep" else ~mask
@@ -123,6 +136,7 @@ def _simple_probes(_subject: Any) -> list[Probe]:
         Probe(N_("5 tokens, d = 3"), (_randn(gen, 5, 3, std=0.8),)),
         Probe(N_("4 tokens, d = 6"), (_randn(gen, 4, 6, std=0.6),)),
         Probe(N_("one token (exercise 4: n = 1)"), (_randn(gen, 1, 4),)),
+        Probe(N_("4 tokens, d = 4 (X X runs even without the transpose)"), (_randn(gen, 4, 4, std=0.6),)),
     ]
 
 
@@ -139,7 +153,7 @@ SIMPLE = Task(
     contract=N_("X (T, d) → Z = softmax(X Xᵀ) X, (T, d); no scaling, no mask"),
     lecture="000",
     names=("simple_attention",),
-    axes=(_SCALE_SIMPLE, _AXIS, _NORM),
+    axes=(_SCALE_SIMPLE, _AXIS, _ORDER_SIMPLE, _NORM),
     probes=_simple_probes,
     call=lambda fn, probe: first_output(call_watched(fn, (probe.args[0].clone(),), ("X",))),
     reference=_simple_reference,
@@ -182,6 +196,9 @@ def _sdpa_probes(fn: Any) -> list[Probe]:
                 (*_qkv(gen, 4, 5), torch.tensor(_HIDDEN_KEY_MASK, dtype=torch.bool)),
             ),
         ]
+    probes.append(
+        Probe(N_("Tq = 2, Tk = d_k = 6, no mask (Q K runs even without the transpose)"), _qkv(gen, 2, 6))
+    )
     return probes
 
 
@@ -332,6 +349,7 @@ def _module_probes(subject: dict[str, Any]) -> list[Probe]:
         Probe(N_("4 tokens, d_in = 5, d_out = 3"), (_randn(gen, 4, d),)),
         Probe(N_("6 tokens, d_in = 5, d_out = 3"), (_randn(gen, 6, d),)),
         Probe(N_("2 tokens"), (_randn(gen, 2, d),)),
+        Probe(N_("3 tokens (T = d_out: Q K runs even without the transpose)"), (_randn(gen, 3, d),)),
     ]
 
 

@@ -260,10 +260,17 @@ def run_safely(fn: Callable[[], Any]) -> Outcome:
         return Raised(type(e).__name__, last_line_of(e))
 
 
-def matches(a: Outcome, b: Outcome) -> bool:
-    """Whether two outcomes agree: both raised, or same shapes and values (NaN where NaN, ±inf alike)."""
+SHAPE_ERRORS = frozenset({"RuntimeError", "ValueError", "IndexError"})
+"""What torch (RuntimeError), numpy (ValueError) and indexing raise for operands of the wrong shapes: the
+kinds a mutation that cannot run on a probe is matched against."""
+
+
+def matches(a: Outcome, b: Outcome, tolerance: float = RTOL) -> bool:
+    """Whether two outcomes agree: both raised a shape error (:data:`SHAPE_ERRORS`; a NameError or a
+    TypeError is explained by no mutation), or same shapes and values within ``tolerance`` (relative and
+    absolute; NaN where NaN, ±inf alike)."""
     if isinstance(a, Raised) or isinstance(b, Raised):
-        return isinstance(a, Raised) and isinstance(b, Raised)
+        return isinstance(a, Raised) and isinstance(b, Raised) and {a.kind, b.kind} <= SHAPE_ERRORS
     if len(a) != len(b):
         return False
     for x, y in zip(a, b, strict=True):
@@ -272,7 +279,7 @@ def matches(a: Outcome, b: Outcome) -> bool:
         if x.dtype == torch.bool or y.dtype == torch.bool:
             if not torch.equal(x.to(torch.bool), y.to(torch.bool)):
                 return False
-        elif not torch.allclose(x, y, rtol=RTOL, atol=ATOL, equal_nan=True):
+        elif not torch.allclose(x, y, rtol=tolerance, atol=tolerance * ATOL / RTOL, equal_nan=True):
             return False
     return True
 
@@ -305,14 +312,19 @@ def fit(
     learner: Sequence[Outcome],
     reference: Callable[[dict[str, str], int], Outcome],
     max_mistakes: int = 3,
+    tolerance: float = RTOL,
 ) -> dict[str, str] | None:
     """The simplest combination of options whose outputs match ``learner`` on every probe, or None.
 
     ``reference(config, i)`` computes probe ``i`` under ``config`` (an outcome; exceptions count as
     :class:`Raised`). Probes are checked in order and a combination is dropped at its first mismatch.
+    A learner whose code raised on every probe is explained by nothing (None): exceptions alone do not
+    tell one shape mistake from another. ``tolerance``: see :func:`matches`.
     """
+    if all(isinstance(o, Raised) for o in learner):
+        return None
     for config in configs(axes, max_mistakes):
-        if all(matches(learner[i], guarded(reference, config, i)) for i in range(len(learner))):
+        if all(matches(learner[i], guarded(reference, config, i), tolerance) for i in range(len(learner))):
             return config
     return None
 

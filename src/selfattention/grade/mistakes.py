@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from ..i18n import N_, _
 from ..lectures import label
 
-__all__ = ["Mistake", "MISTAKES", "passage"]
+__all__ = ["Mistake", "MISTAKES", "cited", "passage"]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class Mistake:
         section: where in the lecture (its own heading, quoted as the lecture writes it).
         quote: a short quote of the passage (Chinese, as the lecture words it).
         note: English message id saying what the rule rests on when the lecture does not state it.
+        other: (lecture, section, quote) of the same rule in the other lecture, cited instead when the
+            task graded is that lecture's (lecture 000's ``simple_attention`` has no Q, K or √dₖ).
     """
 
     code: str
@@ -42,6 +44,7 @@ class Mistake:
     section: str
     quote: str
     note: str = ""
+    other: tuple[str, str, str] | None = None
 
 
 _SCALE_003 = ("003", "§三 缩放：一个工程修正", "把每个分数除以 √dₖ（dₖ 是 Key 向量的维度）")
@@ -52,6 +55,10 @@ _SOFTMAX_003 = (
     "对每个位置 i 算出的一整行分数 … 变成一组非负、加起来等于 1 的权重",
 )
 _SCORE_003 = ("003", "§三 打分：用点积衡量匹配程度", "score(i, j) = Qᵢ · Kⱼ")
+_FORMULA_003 = ("003", "§三 加权求和：算出新的表示", "Attention(Q, K, V) = softmax(QKᵀ / √dₖ) · V")
+_FORMULA_000 = ("000", "矩阵形式：一次算完整个序列", "Z = softmax(X Xᵀ) X")
+_SCORES_000 = ("000", "矩阵形式：一次算完整个序列", "所有 token 两两内积矩阵，第 (i, j) 项就是 ω_ij")
+_OUTPUT_000 = ("000", "三步走的算法 · Step 3", "z_i 就是位置 i 的新表示")
 _CACHE_003 = (
     "003",
     "§五 和后面课程的关系",
@@ -96,6 +103,7 @@ _ALL = [
         "003",
         "§三 加权求和：算出新的表示",
         "输出ᵢ = Σⱼ softmax(score(i,·))ⱼ × Vⱼ",
+        other=_OUTPUT_000,
     ),
     Mistake(
         "unrecognised",
@@ -103,9 +111,18 @@ _ALL = [
             "The output differs from the spec in a way none of the known mistakes explains: {detail}. "
             "Compare your steps one by one with the lecture's (scores, scaling, softmax, weighted sum)."
         ),
-        "003",
-        "§三 加权求和：算出新的表示",
-        "Attention(Q, K, V) = softmax(QKᵀ / √dₖ) · V",
+        *_FORMULA_003,
+        other=_FORMULA_000,
+    ),
+    Mistake(
+        "low_precision",
+        N_(
+            "Your outputs are {detail} numbers: some step runs in half precision (a .half(), a float16 "
+            "tensor, autocast), which keeps about 3 significant digits, so no output can match the spec "
+            "closer than ≈ 1e-3. The inputs are float32: compute in float32."
+        ),
+        *_FORMULA_003,
+        other=_FORMULA_000,
     ),
     Mistake(
         "not_gradable",
@@ -159,6 +176,17 @@ _ALL = [
         "ω_ij = x_i · x_j",
     ),
     Mistake(
+        "missing_transpose",
+        N_(
+            "The scores are computed without the transpose: score(i, j) = query i · key j is Q Kᵀ "
+            "(X Xᵀ in lecture 000): q @ k.T, or k.transpose(-2, -1) for batches. Without it the "
+            "product runs only when the number of keys happens to equal the vector size, and then "
+            "multiplies the wrong numbers."
+        ),
+        *_FORMULA_003,
+        other=_SCORES_000,
+    ),
+    Mistake(
         "transposed_scores",
         N_(
             "The score table is transposed: your code computes K Qᵀ (or uses the weights transposed), "
@@ -173,6 +201,7 @@ _ALL = [
             "missing or incomplete, or the mask is applied after the softmax without renormalising."
         ),
         *_SOFTMAX_003,
+        other=_SOFTMAX_000,
     ),
     Mistake(
         "value_not_projected",
@@ -297,12 +326,20 @@ MISTAKES: dict[str, Mistake] = {m.code: m for m in _ALL}
 """Every mistake the grader names, by code."""
 
 
-def passage(mistake: Mistake) -> str:
+def cited(mistake: Mistake, lecture: str | None = None) -> tuple[str, str, str]:
+    """(lecture, section, quote) cited for ``mistake`` when grading a task of ``lecture``: its ``other``
+    passage when that one is from the task's lecture, else its own."""
+    if lecture and mistake.other is not None and mistake.other[0] == lecture:
+        return mistake.other
+    return mistake.lecture, mistake.section, mistake.quote
+
+
+def passage(mistake: Mistake, lecture: str | None = None) -> str:
     """Where the lectures cover ``mistake``, in the interface language: ``lecture NNN · title, section:
-    “quote”``; ``""`` when no passage applies (an exception, code that cannot be graded). What the rule
-    rests on when the lecture does not state it is ``_(mistake.note)``."""
-    if not mistake.lecture:
+    “quote”``; ``""`` when no passage applies (an exception, code that cannot be graded). ``lecture``: the
+    graded task's lecture (see :func:`cited`). What the rule rests on when the lecture does not state it
+    is ``_(mistake.note)``."""
+    number, section, quote = cited(mistake, lecture)
+    if not number:
         return ""
-    return _("{label}, {section}: “{quote}”").format(
-        label=label(mistake.lecture), section=mistake.section, quote=mistake.quote
-    )
+    return _("{label}, {section}: “{quote}”").format(label=label(number), section=section, quote=quote)
