@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from selfattention import lessons
+from selfattention import i18n, lessons
 from selfattention.cli import main
 from selfattention.lessons import (
     FAILS,
@@ -332,6 +332,38 @@ def test_cli_lesson_run_errors(capsys):
     assert main(["lesson", "run", "no-such-lesson"]) == 2
     assert main(["lesson", "run", "origin-bahdanau"]) == 2
     assert "not runnable" in capsys.readouterr().err
+
+
+_CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        lambda out: three_steps.run(out, agree_sizes=(1, 7), time_sizes=(1, 5), repeats=1),
+        lambda out: why_scale.run(out, dims=(2, 32), n_queries=32),
+        lambda out: distance_one_hop.run(out, T=12, d=4, seeds=1),
+    ],
+    ids=["three-steps", "why-scale", "distance-one-hop"],
+)
+def test_lesson_figures_are_translated(run, tmp_path, monkeypatch):
+    # the figure helper's Figure objects, caught on their way to save_figure (the lessons import it when
+    # they draw), then read as text: the title and the axis labels follow --lang like the tables do
+    figs = []
+    save = lessons._base.save_figure
+    monkeypatch.setattr(
+        lessons._base, "save_figure", lambda fig, out_dir, name: figs.append(fig) or save(fig, out_dir, name)
+    )
+    with i18n.use_language("zh"):
+        r = run(tmp_path)
+    assert len(figs) == len(r.figures) == 1 and r.figures[0].exists()
+    fig = figs[0]
+    titles = [fig.get_suptitle(), *(ax.get_title() for ax in fig.axes)]
+    assert any(_CJK.search(t) for t in titles), titles
+    # axis labels in words are translated (no two English words left); symbols such as d_k stay
+    labels = [label for ax in fig.axes for label in (ax.get_xlabel(), ax.get_ylabel())]
+    assert any(_CJK.search(t) for t in labels), labels
+    assert not [t for t in labels if re.search(r"[a-z]{3,} [a-z]{3,}", t) and not _CJK.search(t)], labels
 
 
 # ---------------------------------------------------------------- the real model (few)

@@ -88,11 +88,11 @@ def run(
         from ._base import new_figure, save_figure
 
         fig, ax = new_figure()
-        ax.semilogy(range(1, T), att[1:].numpy(), label="self-attention")
+        ax.semilogy(range(1, T), att[1:].numpy(), label=_("self-attention"))
         ax.semilogy(range(1, T), rnn[1:].clamp_min(1e-300).numpy(), label="RNN (tanh)")
-        ax.set_xlabel("distance from the output position")
-        ax.set_ylabel("gradient norm")
-        ax.set_title("one hop: the attention gradient does not decay with distance")
+        ax.set_xlabel(_("distance from the output position"))
+        ax.set_ylabel(_("gradient norm"))
+        ax.set_title(_("one hop: the attention gradient does not decay with distance"))
         ax.legend()
         figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(LESSON, m, verdict(m), tables=[table], figures=figures)

@@ -172,17 +172,17 @@ def run(
         fig, ax = new_figure()
         for k, color in (("parameter-free", "tab:red"), ("Q/K/V", "tab:blue")):
             for i, r in enumerate(results[k]):
-                ax.plot(r["losses"], color=color, alpha=0.6, lw=0.8, label=k if i == 0 else None)
+                ax.plot(r["losses"], color=color, alpha=0.6, lw=0.8, label=_(k) if i == 0 else None)
         ax.axhline(
             torch.log(torch.tensor(float(PAYLOADS))).item(),
             color="grey",
             ls="--",
             lw=0.8,
-            label="chance loss ln 4",
+            label=_("chance loss ln 4"),
         )
-        ax.set_xlabel("training step")
-        ax.set_ylabel("cross-entropy")
-        ax.set_title("lecture 000: fetching a dissimilar partner")
+        ax.set_xlabel(_("training step"))
+        ax.set_ylabel(_("cross-entropy"))
+        ax.set_title(_("lecture 000: fetching a dissimilar partner"))
         ax.legend()
         figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(LESSON, m, verdict(m), tables=[table], figures=figures)

@@ -238,18 +238,20 @@ def run(
 
         fig, ax = new_figure()
         ts = list(sizes)
-        ax.loglog(ts, [mem[t] / mem[ts[0]] for t in ts], "o-", label="memory of the (T,T) tensors")
-        ax.loglog(ts, [full[t] / full[ts[0]] for t in ts], "s-", label="time, materialised")
-        ax.loglog(ts, [tiled[t] / tiled[ts[0]] for t in ts], "^-", label="time, tiled (O(T) memory)")
+        ax.loglog(ts, [mem[t] / mem[ts[0]] for t in ts], "o-", label=_("memory of the (T,T) tensors"))
+        ax.loglog(ts, [full[t] / full[ts[0]] for t in ts], "s-", label=_("time, materialised"))
+        ax.loglog(ts, [tiled[t] / tiled[ts[0]] for t in ts], "^-", label=_("time, tiled (O(T) memory)"))
         ax.loglog(ts, [(t / ts[0]) ** 2 for t in ts], "--", color="grey", label="(T/T₀)² = FLOPs")
         if cache:
             fits = [t for t in ts if mem[t] <= cache]
             if fits and fits[-1] != ts[-1]:
                 ax.axvline(fits[-1], color="grey", lw=0.8, ls=":")
-                ax.text(fits[-1], ax.get_ylim()[1], " (T,T) tensors\n fit the cache ←", va="top", fontsize=8)
-        ax.set_xlabel("T (tokens)")
-        ax.set_ylabel(f"relative to T₀ = {ts[0]}")
-        ax.set_title("lecture 003: the n² bill")
+                ax.text(
+                    fits[-1], ax.get_ylim()[1], _(" (T,T) tensors\n fit the cache ←"), va="top", fontsize=8
+                )
+        ax.set_xlabel(_("T (tokens)"))
+        ax.set_ylabel(_("relative to T₀ = {t0}").format(t0=ts[0]))
+        ax.set_title(_("lecture 003: the n² bill"))
         ax.legend(fontsize=8)
         figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(

@@ -121,11 +121,11 @@ def run(
             from ._base import new_figure, save_figure
 
             fig, ax = new_figure()
-            ax.plot(range(1, len(profile) + 1), profile, "o-", label="MiniLM (trained, with positions)")
-            ax.axhline(1 / n, color="grey", ls="--", lw=0.8, label="uniform 1/T")
-            ax.set_xlabel("distance |i − j|")
-            ax.set_ylabel("mean attention weight")
-            ax.set_title("no locality prior is built in; MiniLM learned one")
+            ax.plot(range(1, len(profile) + 1), profile, "o-", label=_("MiniLM (trained, with positions)"))
+            ax.axhline(1 / n, color="grey", ls="--", lw=0.8, label=_("uniform 1/T"))
+            ax.set_xlabel(_("distance |i − j|"))
+            ax.set_ylabel(_("mean attention weight"))
+            ax.set_title(_("no locality prior is built in; MiniLM learned one"))
             ax.legend()
             figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(LESSON, m, verdict(m), tables=tables, figures=figures)

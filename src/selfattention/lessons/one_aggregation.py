@@ -145,10 +145,10 @@ def run(
         fig, ax = new_figure()
         for k, color in (("1 layer", "tab:red"), ("2 layers", "tab:blue")):
             for i, r in enumerate(results[k]):
-                ax.plot(r["losses"], color=color, alpha=0.6, lw=0.8, label=k if i == 0 else None)
-        ax.set_xlabel("training step")
-        ax.set_ylabel("cross-entropy")
-        ax.set_title("lecture 003: two hops need two layers")
+                ax.plot(r["losses"], color=color, alpha=0.6, lw=0.8, label=_(k) if i == 0 else None)
+        ax.set_xlabel(_("training step"))
+        ax.set_ylabel(_("cross-entropy"))
+        ax.set_title(_("lecture 003: two hops need two layers"))
         ax.legend()
         figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(

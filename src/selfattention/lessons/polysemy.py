@@ -50,7 +50,7 @@ WORD = "apple"
 
 def _layer_label(k: int, short: bool = False) -> str:
     """Row ``k`` of the hidden states: 0 = the embeddings, k ≥ 1 = the output of layer k − 1 (0-based)."""
-    if short:  # figure ticks: English, like the figure's other labels
+    if short:  # figure ticks, the same in every language: the translated x label says what emb is
         return "emb" if k == 0 else str(k - 1)
     return _("embeddings (+ position)") if k == 0 else _("after layer {layer}").format(layer=k - 1)
 
@@ -165,15 +165,15 @@ def run(out_dir: Path | None = None, progress: Any = None) -> LessonResult:
         fig, ax = new_figure()
         layers = list(range(n_layers))  # 0 = embeddings, k = after layer k - 1 (0-based layers)
         for key, label in (
-            ("12", "company vs fruit (1,2)"),
-            ("13", "company vs fruit (1,3)"),
-            ("23", "fruit vs fruit (2,3)"),
+            ("12", _("company vs fruit (1,2)")),
+            ("13", _("company vs fruit (1,3)")),
+            ("23", _("fruit vs fruit (2,3)")),
         ):
             ax.plot(layers, [c[key] for c in per_layer], "o-", label=label)
         ax.set_xticks(layers, [_layer_label(k, short=True) for k in layers])
-        ax.set_xlabel("after layer (0-based; emb = embeddings incl. position)")
-        ax.set_ylabel(f"cosine of the “{WORD}” vectors")
-        ax.set_title("lecture 003: one static embedding, different contextual vectors")
+        ax.set_xlabel(_("after layer (0-based; emb = embeddings incl. position)"))
+        ax.set_ylabel(_("cosine of the “{word}” vectors").format(word=WORD))
+        ax.set_title(_("lecture 003: one static embedding, different contextual vectors"))
         ax.legend()
         figures.append(save_figure(fig, out_dir, LESSON.name))
     notes = [

@@ -164,7 +164,7 @@ def run(
                 im = ax.imshow(mat.numpy(), vmin=0, vmax=1, cmap="viridis")
                 ax.set_xticks(range(len(r.tokens)), r.tokens, rotation=90, fontsize=7)
                 ax.set_yticks(range(len(r.tokens)), r.tokens, fontsize=7)
-                ax.set_title(f"{title}, MiniLM embeddings")
+                ax.set_title(_("{title}, MiniLM embeddings").format(title=title))
             fig.colorbar(im, ax=list(axes), shrink=0.8)
             figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(LESSON, m, verdict(m), tables=tables, figures=figures, notes=notes)

@@ -123,14 +123,14 @@ def run(
 
         fig, axes = new_figure(11, 3.6, ncols=2)
         for ax, mat, title, lim in (
-            (axes[0], corr_mean, "r(Q Kᵀ, X Xᵀ), row-centred", (-1, 1)),
-            (axes[1], top_mean, "fraction of queries whose top key is itself", (0, 1)),
+            (axes[0], corr_mean, _("r(Q Kᵀ, X Xᵀ), row-centred"), (-1, 1)),
+            (axes[1], top_mean, _("fraction of queries whose top key is itself"), (0, 1)),
         ):
             im = ax.imshow(
                 mat.numpy(), cmap="coolwarm" if lim[0] < 0 else "viridis", vmin=lim[0], vmax=lim[1]
             )
-            ax.set_xlabel("head (0-based)")
-            ax.set_ylabel("layer (0-based)")
+            ax.set_xlabel(_("head (0-based)"))
+            ax.set_ylabel(_("layer (0-based)"))
             ax.set_xticks(range(mat.shape[1]), [str(h) for h in range(mat.shape[1])])
             ax.set_yticks(range(mat.shape[0]), [str(i) for i in range(mat.shape[0])])
             ax.set_title(title)

@@ -139,11 +139,11 @@ def run(
             head = s[0, 0]
             lim = head.abs().max().item()
             axes[0].imshow(free.scores.numpy(), cmap="coolwarm")
-            axes[0].set_title("parameter-free X Xᵀ (symmetric)")
+            axes[0].set_title(_("parameter-free X Xᵀ (symmetric)"))
             axes[1].imshow(head.numpy(), cmap="coolwarm", vmin=-lim, vmax=lim)
             axes[1].set_xticks(range(len(r.tokens)), r.tokens, rotation=90, fontsize=7)
             axes[1].set_yticks(range(len(r.tokens)), r.tokens, fontsize=7)
-            axes[1].set_title("MiniLM layer 0, head 0: Q Kᵀ (not symmetric)")
+            axes[1].set_title(_("MiniLM layer 0, head 0: Q Kᵀ (not symmetric)"))
             figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(
         LESSON,

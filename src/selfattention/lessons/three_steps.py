@@ -159,9 +159,9 @@ def _run(
         fig, ax = new_figure()
         ax.loglog(time_sizes, ratios, "o-")
         ax.axhline(1.0, color="grey", lw=0.8)
-        ax.set_xlabel("sequence length T")
-        ax.set_ylabel("time(loop over positions) / time(one matrix product)")
-        ax.set_title("lecture 000: Z = softmax(X Xᵀ) X computes all positions at once")
+        ax.set_xlabel(_("sequence length T"))
+        ax.set_ylabel(_("time(loop over positions) / time(one matrix product)"))
+        ax.set_title(_("lecture 000: Z = softmax(X Xᵀ) X computes all positions at once"))
         figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(
         LESSON,

@@ -154,10 +154,10 @@ def run(
         xs = range(len(MEASURES))
         ax.bar(list(xs), [sum(rho[k]) / len(rho[k]) for k in MEASURES], width=0.6)
         ax.axhline(AGREES, color="grey", linestyle="--", linewidth=1)
-        ax.set_xticks(list(xs), ["raw α", "‖α f(x)‖", "rollout", "flow"])
-        ax.set_ylabel("Spearman ρ with the ablation")
+        ax.set_xticks(list(xs), [_("raw α"), "‖α f(x)‖", "rollout", "flow"])
+        ax.set_ylabel(_("Spearman ρ with the ablation"))
         ax.set_ylim(-1, 1)
-        ax.set_title("which reading ranks tokens as dropping them does")
+        ax.set_title(_("which reading ranks tokens as dropping them does"))
         figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(
         LESSON,

@@ -141,17 +141,20 @@ def run(
 
         fig, axes = new_figure(12, 3.8, ncols=3)
         ds = [r["d_k"] for r in rows]
-        axes[0].plot(ds, [r["std"] for r in rows], "o-", label="measured std(q·k)")
+        axes[0].plot(ds, [r["std"] for r in rows], "o-", label=_("measured std(q·k)"))
         axes[0].plot(ds, [math.sqrt(d) for d in ds], "--", label="√d_k")
         axes[0].set_xlabel("d_k")
-        axes[0].set_ylabel("std of the score q·k")
+        axes[0].set_ylabel(_("std of the score q·k"))
         axes[0].legend()
-        for key, ax, label in (("max_weight", axes[1], "mean max weight"), ("grad", axes[2], "‖∂L/∂logits‖")):
+        for key, ax, label in (
+            ("max_weight", axes[1], _("mean max weight")),
+            ("grad", axes[2], "‖∂L/∂logits‖"),
+        ):
             ax.plot(ds, [r[f"{key}_unscaled"] for r in rows], "o-", label="q·k")
             ax.plot(ds, [r[f"{key}_scaled"] for r in rows], "s-", label="q·k / √d_k")
             ax.set_xlabel("d_k")
             ax.set_ylabel(label)
             ax.legend()
-        fig.suptitle("lecture 003: why divide by √d_k")
+        fig.suptitle(_("lecture 003: why divide by √d_k"))
         figures.append(save_figure(fig, out_dir, LESSON.name))
     return LessonResult(LESSON, m, verdict(m), tables=[table], figures=figures)
