@@ -319,11 +319,12 @@ def test_a_ready_document_mask_with_per_batch_ids_obeys_batch_0s_tables_as_a_lam
     assert same in flex_masks.STRUCTURE  # ids equal in every batch entry: still planned from the ids
 
 
-def test_tables_for_fewer_heads_or_more_batches_are_read_modulo_as_torch_kernels_do():
+def test_tables_for_fewer_heads_or_more_batches_are_read_as_torch_cpu_kernel_does():
     """A GQA call's block mask made for the key/value heads (H = 2 for 4 query heads), or for a larger batch:
-    torch's kernels read entry (z % B, h % H) of the tables (they raised a ValueError here). The mod depends
-    on the head, so the tables matter: query head h uses table h % H while the mod sees h itself, and a
-    full block is visible without the mod (as in the kernels). Oracle: full | (partial & mod), densely."""
+    torch's CPU kernel gives query heads 0, 1 table 0 and heads 2, 3 table 1 (h // (4 / 2); its CUDA kernels
+    read h % 2), a mask for a larger batch entry z at z. The mod depends on the head, so the tables matter:
+    query head h uses its group's table while the mod sees h itself, and a full block is visible without
+    the mod (as in the kernels). Oracle: full | (partial & mod), densely."""
     from selfattention.visibility import FULL, PARTIAL
 
     q, k, v = inputs(2, 4, 2, 70, 70, 8, 8)
@@ -334,7 +335,8 @@ def test_tables_for_fewer_heads_or_more_batches_are_read_modulo_as_torch_kernels
     for B, H in ((1, 2), (3, 4), (3, 2)):
         bm = sa.create_block_mask(mod, B, H, 70, 70, device="cpu", BLOCK_SIZE=16)
         out = sa.flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
-        kinds = flex_masks.block_kinds(bm)[torch.arange(2) % B][:, torch.arange(4) % H]
+        groups = {1: [0, 0, 0, 0], 2: [0, 0, 1, 1], 4: [0, 1, 2, 3]}[H]  # torch 2.13, cpp_flex_attention
+        kinds = flex_masks.block_kinds(bm)[[0, 0] if B == 1 else [0, 1]][:, groups]
         kinds = kinds.repeat_interleave(16, 2).repeat_interleave(16, 3)[..., :70, :70]
         full, part = kinds == FULL, kinds == PARTIAL
 
@@ -343,7 +345,7 @@ def test_tables_for_fewer_heads_or_more_batches_are_read_modulo_as_torch_kernels
 
         ref, _ = oracle(*(t.detach().double() for t in (q, k, v)), seen)
         assert (out.double() - ref).abs().max() < 1e-5, (B, H)
-        if H == 2:  # heads 2, 3 see keys their mod hides (full blocks of heads 0, 1): the tables matter
+        if H == 2:  # heads 1, 3 get tables their own h would not make: the tables matter
             plain, _ = oracle(*(t.detach().double() for t in (q, k, v)), mod)
             assert (plain - ref).abs().max() > 1e-2
 
@@ -546,3 +548,23 @@ def test_per_document_alignment_drawing_and_plan():
     out = sa.scaled_dot_product_attention(q, k, v, attn_mask=vis, backend="tiled")
     ref, _ = oracle(q.double(), k.double(), v.double(), lambda b, h, qi, kv: vis.to_mask()[0, 0][qi, kv])
     assert (out.double() - ref).abs().max() < 1e-6
+
+
+def test_lengths_and_batch_as_numpy_ints_or_zero_dim_tensors():
+    """torch's create_block_mask takes np.int64 / 0-d integer tensors for B, H, Q_LEN, KV_LEN (lengths read
+    from numpy arrays); so does ours, with tables equal to the int call's. Floats and bools still raise."""
+    import numpy as np
+
+    from selfattention.mods import causal_mask
+
+    want = sa.create_block_mask(causal_mask, 2, None, 300, 300, device="cpu")
+    for b, q_len, kv_len in (
+        (np.int64(2), np.int64(300), np.int32(300)),
+        (torch.tensor(2), torch.tensor(300), 300),
+    ):
+        got = sa.create_block_mask(causal_mask, b, None, q_len, kv_len, device="cpu")
+        assert torch.equal(got.to_dense(), want.to_dense()) and tuple(got.seq_lengths) == (300, 300)
+        assert all(type(n) is int for n in got.seq_lengths)
+    for bad in (300.0, True, torch.tensor(300.0), torch.tensor([300])):
+        with pytest.raises(ValueError, match="Q_LEN"):
+            sa.create_block_mask(causal_mask, None, None, bad, 300, device="cpu")

@@ -41,3 +41,28 @@ def test_fullgraph_compile_equals_eager_without_breaks(which):
         assert torch._dynamo.explain(flex_attention)(q, k, v, **kw).graph_break_count == 0
     finally:
         torch._dynamo.reset()
+
+
+def test_a_mask_made_for_the_key_value_heads_reads_the_tables_as_compiled_torch_does():
+    """GQA, 4 query heads over 2 key/value heads, a BlockMask made for H = 2 whose mod reads h: eager
+    (the engine) and compiled (torch's own CPU kernel) must pick the same tables for each query head —
+    the eager path read them h % 2, torch's CPU kernel reads h // 2 (found by a breaker run: 1.04 apart)."""
+    from torch.nn.attention.flex_attention import flex_attention as torch_flex
+
+    g = torch.Generator().manual_seed(5)
+    t = 300  # three 128-blocks, the last one short
+    windows = torch.tensor([16, 200])
+    q = torch.randn(1, 4, t, 16, generator=g)
+    k, v = (torch.randn(1, 2, t, 16, generator=g) for _ in range(2))
+
+    def per_head_window(b, h, q_idx, kv_idx):
+        return (q_idx >= kv_idx) & (q_idx - kv_idx < windows[h % 2])
+
+    bm = create_block_mask(per_head_window, 1, 2, t, t, device="cpu")
+    eager = flex_attention(q, k, v, block_mask=bm, enable_gqa=True)
+    torch._dynamo.reset()
+    try:
+        compiled = torch.compile(torch_flex)(q, k, v, block_mask=bm, enable_gqa=True)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(eager, compiled, rtol=1e-5, atol=1e-5)

@@ -269,3 +269,45 @@ def test_a_head_difference_from_head_2_on_behind_isinstance_is_seen():
     q, k, v = inputs(1, 4, 4, 64, 64, 8, 8)
     bm = sa.create_block_mask(sneaky, None, None, 64, 64, device="cpu", BLOCK_SIZE=16)
     assert flex.describe(q, k, v, block_mask=bm).strategy == "blocks"
+
+
+def _tables_with_mod_now(bm, mod, t, blk):
+    """What torch's kernels compute from ``bm``: its tables (made with the old ids) and ``mod`` as it is."""
+    from selfattention.visibility import FULL, PARTIAL
+
+    kinds = flex_masks.block_kinds(bm)[0, 0].repeat_interleave(blk, 0).repeat_interleave(blk, 1)[:t, :t]
+    qi, kv = torch.arange(t).view(-1, 1), torch.arange(t).view(1, -1)
+    z = torch.zeros((), dtype=torch.long)
+    return lambda b, h, q_, k_: ((kinds == FULL) | ((kinds == PARTIAL) & mod(z, z, qi, kv)))[q_, k_]
+
+
+@pytest.mark.parametrize("kind", ["plain function", "ready mod", "torch's and_masks", "offset"])
+def test_a_tensor_the_mod_reads_changed_in_place_is_seen(kind):
+    """Document ids (or a causal offset) the mask function closes over, changed in place after a call:
+    the recognised plan of the old ids is dropped and the call computes what torch's kernels compute from
+    the same BlockMask — its tables, the function as it is now (found by a breaker run: 0.48 off).
+    Oracle: float64 math on full | (partial & mod now)."""
+    from torch.nn.attention.flex_attention import and_masks
+
+    from tests.test_flex import oracle
+
+    t, blk = 160, 32
+    doc = torch.zeros(1, t, dtype=torch.long)
+    doc[:, 70:] = 1
+    offset = torch.tensor(0)
+    mod = {
+        "plain function": lambda b, h, q, kv: doc[0, q] == doc[0, kv],
+        "ready mod": mods.document_mask(doc),
+        "torch's and_masks": and_masks(lambda b, h, q, kv: doc[0, q] == doc[0, kv], _causal),
+        "offset": lambda b, h, q, kv: q + offset >= kv,
+    }[kind]
+    bm = sa.create_block_mask(mod, None, None, t, t, device="cpu", BLOCK_SIZE=blk)
+    q, k, v = inputs(1, 2, 2, t, t, 8, 8, seed=3)
+    assert flex.describe(q, k, v, block_mask=bm).strategy in ("documents", "causal")
+    sa.flex_attention(q, k, v, block_mask=bm)
+    doc[:, 70:] = 0  # the boundary moves inside the same 32-block: the tables stay right for the new ids
+    doc[:, 90:] = 1
+    offset += 5  # a causal offset inside the same block as well
+    out = sa.flex_attention(q, k, v, block_mask=bm)
+    want, _ = oracle(*(x.detach().double() for x in (q, k, v)), _tables_with_mod_now(bm, mod, t, blk))
+    assert (out.double() - want).abs().max() < 1e-5

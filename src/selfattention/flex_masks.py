@@ -5,7 +5,9 @@ mask_mod evaluated per block, full / partial / empty blocks as torch's own :clas
 
 from __future__ import annotations
 
+import functools
 import inspect
+import numbers
 import weakref
 from collections.abc import Callable
 
@@ -48,13 +50,35 @@ def check_mask_mod(mask_mod: Callable) -> None:
         )
 
 
-def batch_heads(B, H, Q_LEN, KV_LEN) -> tuple[int, int]:
-    for name, n in (("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)) + (("B", B), ("H", H)):
+def _count(name: str, n):
+    """``n`` as an int: an int, a numpy integer, or a 0-d integer tensor (torch's create_block_mask takes
+    all three, e.g. lengths read from a numpy array); bools and anything else raise."""
+    if isinstance(n, torch.Tensor) and n.dim() == 0 and not n.is_floating_point() and n.dtype != torch.bool:
+        return int(n)
+    if isinstance(n, numbers.Integral) and not isinstance(n, bool):
+        return int(n)
+    kind = "a non-negative int" if name.endswith("LEN") else "a positive int or None"
+    raise ValueError(f"{name} must be {kind}, got {n!r}")
+
+
+def checked_sizes(B, H, Q_LEN, KV_LEN) -> tuple[int | None, int | None, int, int]:
+    """(B, H, Q_LEN, KV_LEN) checked and made ints (B / H may stay None); ValueError naming the argument."""
+    out = []
+    for name, n in (("B", B), ("H", H), ("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)):
         if n is None and name in ("B", "H"):
+            out.append(None)
             continue
-        if isinstance(n, bool) or not isinstance(n, int) or n < (0 if name.endswith("LEN") else 1):
+        value = _count(name, n)
+        if value < (0 if name.endswith("LEN") else 1):
             kind = "a non-negative int" if name.endswith("LEN") else "a positive int or None"
             raise ValueError(f"{name} must be {kind}, got {n!r}")
+        out.append(value)
+    return out[0], out[1], out[2], out[3]
+
+
+def batch_heads(B, H, Q_LEN, KV_LEN) -> tuple[int, int]:
+    """(B, H) with None read as 1, after :func:`checked_sizes`' checks."""
+    B, H, _q, _k = checked_sizes(B, H, Q_LEN, KV_LEN)
     return (1 if B is None else B), (1 if H is None else H)
 
 
@@ -63,6 +87,7 @@ def create_mask(
 ) -> torch.Tensor:
     """The dense bool mask (B, H, Q_LEN, KV_LEN) of a mask_mod, or of a score_mod (True where it does not
     give −inf), as torch's ``create_mask``; B/H None = 1."""
+    B, H, Q_LEN, KV_LEN = checked_sizes(B, H, Q_LEN, KV_LEN)
     b_, h_ = batch_heads(B, H, Q_LEN, KV_LEN)
     idx = index_tiles(b_, h_, 0, Q_LEN, 0, KV_LEN, default_device(device))
     shape = (b_, h_, Q_LEN, KV_LEN)
@@ -144,6 +169,7 @@ def create_block_mask(
     if n_args != 4:
         what = "a score_mod" if n_args == 5 else f"a function of {n_args} positional arguments"
         raise TypeError(f"create_block_mask requires a mask_mod (b, h, q_idx, kv_idx), got {what}")
+    B, H, Q_LEN, KV_LEN = checked_sizes(B, H, Q_LEN, KV_LEN)
     b_, h_ = batch_heads(B, H, Q_LEN, KV_LEN)
     sizes = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else BLOCK_SIZE
     if not isinstance(sizes, tuple | list) or len(sizes) != 2:
@@ -237,12 +263,29 @@ def _varies(mask_mod: Callable, axis: int, q_len: int, k_len: int, device) -> bo
     return not bool((m == m.narrow(axis, 0, 1)).all())
 
 
-def _batch_rows(value: torch.Tensor, b: int) -> torch.Tensor:
-    """A recognised mod's per-batch field (ids (B', T)) for a query batch of ``b``: row z is row z % B', as
-    the kernels read a mask made for another batch size (a 1-D field is shared by every batch entry)."""
+def table_entries(n: int, entries: int, device_type: str) -> torch.Tensor:
+    """Which of a BlockMask's ``entries`` table entries (along batch or heads) each of a call's ``n`` batch
+    entries / query heads reads, as torch's own kernel on that device reads them (torch 2.13): on CPU,
+    consecutive groups of n / entries share an entry (``cpp_flex_attention_template.py``: z // (B / B'),
+    h // (H / H') — a GQA call's mask made for its key/value heads gives each query head its own key/value
+    head's tables); on CUDA and elsewhere, entry z % B', h % H' (the Triton templates). A mask made for
+    more entries than the call, or for a count that does not divide it, is read z % B' on every device.
+
+    >>> table_entries(4, 2, "cpu").tolist(), table_entries(4, 2, "cuda").tolist()
+    ([0, 0, 1, 1], [0, 1, 0, 1])
+    """
+    i = torch.arange(n)
+    if device_type == "cpu" and entries < n and n % entries == 0:
+        return i // (n // entries)
+    return i % entries
+
+
+def _batch_rows(value: torch.Tensor, b: int, device_type: str) -> torch.Tensor:
+    """A recognised mod's per-batch field (ids (B', T)) for a query batch of ``b``: the rows the tables
+    of each batch entry come from (:func:`table_entries`; a 1-D field is shared by every batch entry)."""
     if value.dim() < 2 or value.shape[0] in (1, b):
         return value
-    return value[torch.arange(b, device=value.device) % value.shape[0]]
+    return value[table_entries(b, value.shape[0], device_type).to(value.device)]
 
 
 def _tables_cover(fields: dict, b: int) -> bool:
@@ -257,18 +300,72 @@ def _tables_cover(fields: dict, b: int) -> bool:
 
 
 class _Tables:
-    """A copy of a BlockMask's tables (a few K integers), compared on every call: what was recognised from
-    them is used only while they are unchanged — written to in place, through ``.data`` or numpy, or
-    replaced by other tensors (the version counters alone miss the last two)."""
+    """A copy of a BlockMask's tables (a few K integers) and of the tensors its mask_mod reads
+    (:func:`captured`), compared on every call: what was recognised from them is used only while they are
+    unchanged — tables written to in place, through ``.data`` or numpy, or replaced by other tensors (the
+    version counters alone miss the last two), document ids or an offset the mod closes over changed in
+    place. Then the mask is looked at again, as torch's kernels would read it: its (old) tables with the
+    mod as it is now."""
 
     def __init__(self, bm: BlockMask) -> None:
         self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
+        self.captured = [
+            (t, t._version, t.detach().clone() if t.numel() <= CAPTURED_COPY_MAX else None)
+            for t in captured(bm.mask_mod)
+        ]
 
     def match(self, bm: BlockMask) -> bool:
         return all(
             a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
             for a, b in zip(self.tables, _tables_of(bm), strict=True)
+        ) and all(
+            t._version == version and (copy is None or (t.shape == copy.shape and torch.equal(t, copy)))
+            for t, version, copy in self.captured
         )
+
+
+CAPTURED_COPY_MAX = 1 << 20
+"""Elements up to which a tensor a mask_mod reads is copied and compared on every call (beyond: its
+version counter only, which misses writes through ``.data``)."""
+
+
+def captured(fn, depth: int = 0, seen: set | None = None) -> list[torch.Tensor]:
+    """The tensors ``fn`` reads besides its arguments: its closure cells, defaults and the globals its code
+    names; a ``functools.partial``'s arguments; a callable object's attributes (this library's ready mods);
+    and, recursively (3 levels), those of the callables found there (``and_masks``' list of mods)."""
+    seen = set() if seen is None else seen
+    if id(fn) in seen or depth > 3:
+        return []
+    seen.add(id(fn))
+    found: list = []
+    if isinstance(fn, functools.partial):
+        found += [fn.func, *fn.args, *fn.keywords.values()]
+    code = getattr(fn, "__code__", None)
+    if code is not None:
+        found += [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
+        found += list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
+        glob = getattr(fn, "__globals__", {})
+        found += [glob[n] for n in code.co_names if n in glob]
+    elif callable(fn) and hasattr(fn, "__dict__") and not isinstance(fn, type):
+        found += list(vars(fn).values())
+    out: list[torch.Tensor] = []
+    for item in found:
+        for x in item if isinstance(item, list | tuple) else (item,):
+            if isinstance(x, torch.Tensor):
+                if id(x) not in seen:
+                    seen.add(id(x))
+                    out.append(x)
+            elif callable(x) and not isinstance(x, type) and not inspect.ismodule(x):
+                out += captured(x, depth + 1, seen)
+    return out
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 — an empty cell raises ValueError
+    except ValueError:
+        return False
+    return True
 
 
 def _tables_of(bm: BlockMask) -> tuple:
@@ -401,7 +498,8 @@ def visibility_of(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device
     fields = _known(STRUCTURE, bm, b, h)
     if fields is not None:
         fields = {
-            k: (_batch_rows(v, b).to(device) if isinstance(v, torch.Tensor) else v) for k, v in fields.items()
+            k: (_batch_rows(v, b, device.type).to(device) if isinstance(v, torch.Tensor) else v)
+            for k, v in fields.items()
         }
         return Visibility(tq, tk, **fields), (128, 128)
     mod = None if bm.mask_mod is noop_mask else bm.mask_mod
@@ -411,8 +509,8 @@ def visibility_of(bm: BlockMask | None, b: int, h: int, tq: int, tk: int, device
     kinds = block_kinds(bm)
     bb, bh = kinds.shape[:2]
     if bb not in (1, b) or bh not in (1, h):
-        # as torch's kernels read the tables: batch z and query head h use entry (z % B, h % H) — a mask
-        # made for the key/value heads of a GQA call, or for a larger batch, works there and here
-        kinds = kinds[torch.arange(b) % bb][:, torch.arange(h) % bh]
+        # as torch's kernel on this device reads the tables (table_entries): a mask made for the key/value
+        # heads of a GQA call, or for another batch size, works there and here, with the same result
+        kinds = kinds[table_entries(b, bb, device.type)][:, table_entries(h, bh, device.type)]
     pred = Predicate(mod, b, h, kinds, tuple(bm.BLOCK_SIZE), device=device)
     return Visibility(tq, tk, mod=pred), tuple(bm.BLOCK_SIZE)
