@@ -5,7 +5,6 @@ mask_mod evaluated per block, full / partial / empty blocks as torch's own :clas
 
 from __future__ import annotations
 
-import functools
 import inspect
 import numbers
 import weakref
@@ -14,6 +13,7 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
+from .flex_tables import Snapshot, table_entries
 from .mods import noop_mask, visibility_fields
 from .mods.recognise import RowRuns, equivalent, reads
 from .visibility import FULL, PARTIAL, SKIP, Predicate, Visibility, evaluate_mod, index_tiles
@@ -27,7 +27,7 @@ LARGE = 1 << 30  # torch's block size of "no block mask"
 STRUCTURE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # ... of a function equal to a ready mod without Visibility fields (prefix-LM) → (mod, lengths, ready mod, limits)
 TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# every BlockMask looked at (made here, or torch's on its first call) → a copy of its tables then (_Tables)
+# every BlockMask looked at (made here, or torch's on its first call) → a copy of its tables then (flex_tables.Snapshot)
 LOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 RUNS_MAX_ROWS = 1 << 22  # rows (B·H·Q_LEN) up to which create_block_mask looks for a ready mod's pattern
 
@@ -263,23 +263,6 @@ def _varies(mask_mod: Callable, axis: int, q_len: int, k_len: int, device) -> bo
     return not bool((m == m.narrow(axis, 0, 1)).all())
 
 
-def table_entries(n: int, entries: int, device_type: str) -> torch.Tensor:
-    """Which of a BlockMask's ``entries`` table entries (along batch or heads) each of a call's ``n`` batch
-    entries / query heads reads, as torch's own kernel on that device reads them (torch 2.13): on CPU,
-    consecutive groups of n / entries share an entry (``cpp_flex_attention_template.py``: z // (B / B'),
-    h // (H / H') — a GQA call's mask made for its key/value heads gives each query head its own key/value
-    head's tables); on CUDA and elsewhere, entry z % B', h % H' (the Triton templates). A mask made for
-    more entries than the call, or for a count that does not divide it, is read z % B' on every device.
-
-    >>> table_entries(4, 2, "cpu").tolist(), table_entries(4, 2, "cuda").tolist()
-    ([0, 0, 1, 1], [0, 1, 0, 1])
-    """
-    i = torch.arange(n)
-    if device_type == "cpu" and entries < n and n % entries == 0:
-        return i // (n // entries)
-    return i % entries
-
-
 def _batch_rows(value: torch.Tensor, b: int, device_type: str) -> torch.Tensor:
     """A recognised mod's per-batch field (ids (B', T)) for a query batch of ``b``: the rows the tables
     of each batch entry come from (:func:`table_entries`; a 1-D field is shared by every batch entry)."""
@@ -297,79 +280,6 @@ def _tables_cover(fields: dict, b: int) -> bool:
             if not bool((value == value[:1]).all()):
                 return False
     return True
-
-
-class _Tables:
-    """A copy of a BlockMask's tables (a few K integers) and of the tensors its mask_mod reads
-    (:func:`captured`), compared on every call: what was recognised from them is used only while they are
-    unchanged — tables written to in place, through ``.data`` or numpy, or replaced by other tensors (the
-    version counters alone miss the last two), document ids or an offset the mod closes over changed in
-    place. Then the mask is looked at again, as torch's kernels would read it: its (old) tables with the
-    mod as it is now."""
-
-    def __init__(self, bm: BlockMask) -> None:
-        self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
-        self.captured = [
-            (t, t._version, t.detach().clone() if t.numel() <= CAPTURED_COPY_MAX else None)
-            for t in captured(bm.mask_mod)
-        ]
-
-    def match(self, bm: BlockMask) -> bool:
-        return all(
-            a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
-            for a, b in zip(self.tables, _tables_of(bm), strict=True)
-        ) and all(
-            t._version == version and (copy is None or (t.shape == copy.shape and torch.equal(t, copy)))
-            for t, version, copy in self.captured
-        )
-
-
-CAPTURED_COPY_MAX = 1 << 20
-"""Elements up to which a tensor a mask_mod reads is copied and compared on every call (beyond: its
-version counter only, which misses writes through ``.data``)."""
-
-
-def captured(fn, depth: int = 0, seen: set | None = None) -> list[torch.Tensor]:
-    """The tensors ``fn`` reads besides its arguments: its closure cells, defaults and the globals its code
-    names; a ``functools.partial``'s arguments; a callable object's attributes (this library's ready mods);
-    and, recursively (3 levels), those of the callables found there (``and_masks``' list of mods)."""
-    seen = set() if seen is None else seen
-    if id(fn) in seen or depth > 3:
-        return []
-    seen.add(id(fn))
-    found: list = []
-    if isinstance(fn, functools.partial):
-        found += [fn.func, *fn.args, *fn.keywords.values()]
-    code = getattr(fn, "__code__", None)
-    if code is not None:
-        found += [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
-        found += list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
-        glob = getattr(fn, "__globals__", {})
-        found += [glob[n] for n in code.co_names if n in glob]
-    elif callable(fn) and hasattr(fn, "__dict__") and not isinstance(fn, type):
-        found += list(vars(fn).values())
-    out: list[torch.Tensor] = []
-    for item in found:
-        for x in item if isinstance(item, list | tuple) else (item,):
-            if isinstance(x, torch.Tensor):
-                if id(x) not in seen:
-                    seen.add(id(x))
-                    out.append(x)
-            elif callable(x) and not isinstance(x, type) and not inspect.ismodule(x):
-                out += captured(x, depth + 1, seen)
-    return out
-
-
-def _filled(cell) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 — an empty cell raises ValueError
-    except ValueError:
-        return False
-    return True
-
-
-def _tables_of(bm: BlockMask) -> tuple:
-    return (bm.kv_num_blocks, bm.kv_indices, bm.full_kv_num_blocks, bm.full_kv_indices)
 
 
 def _look_at(bm: BlockMask) -> None:
@@ -414,7 +324,7 @@ def _remember(bm: BlockMask, fields: dict | None, twin, limits: tuple, b: int) -
     """Record what ``bm`` was found to be — a ready mod's Visibility ``fields`` or a ``twin`` ready mod
     (its fields, or itself when it has none: prefix-LM), for calls within ``limits`` — together with a copy
     of its tables, so that a later change to them is seen; forget what an earlier look recorded."""
-    LOOKED[bm] = _Tables(bm)
+    LOOKED[bm] = Snapshot(bm)
     STRUCTURE.pop(bm, None)
     TWINS.pop(bm, None)
     key = (bm.mask_mod, tuple(bm.seq_lengths))
