@@ -7,7 +7,11 @@ eager attention on the real tokens of a padded batch.
 * Git, BigBird-Pegasus: their own eager code adds the mask transformers built for this attention to float
   scores; the lazy bool mask added 1 to visible scores and hid nothing (2.6 % / 4.8 % off).
 * DeepSeek V4: its compressed layers extend the mask only when it is a tensor (ValueError before).
-* GOT-OCR2: hands ``logits_to_keep`` down to every attention call (TypeError before)."""
+* GOT-OCR2: hands ``logits_to_keep`` down to every attention call (TypeError before).
+* Qwen2-MoE with ``use_sliding_window=False`` (its released checkpoints): the config sets
+  sliding_window = 0 and the model still builds the sliding mask nobody reads (ValueError before).
+* MiniMax whose first layer is a linear-attention layer: while decoding, transformers sizes the full
+  layers' mask against that layer's cache (Tk = 1); eager broadcasts it over the keys (ValueError before)."""
 
 from __future__ import annotations
 
@@ -39,6 +43,10 @@ CASES = {
         n_routed_experts=4, sliding_window=8, o_lora_rank=16, index_n_heads=2, index_head_dim=16,
         index_topk=5, layer_types=["sliding_attention", "compressed_sparse_attention"],
         mlp_layer_types=["moe", "moe"],
+    ),
+    "qwen2_moe": dict(
+        num_key_value_heads=2, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+        shared_expert_intermediate_size=16, use_sliding_window=False,
     ),
 }  # fmt: skip
 
@@ -141,3 +149,21 @@ def test_logits_to_keep_is_ignored():
     a, _ = hf.attention_forward(module, q, q, q, lazy, logits_to_keep=1)
     b, _ = hf.attention_forward(module, q, q, q, lazy)
     assert torch.equal(a, b)
+
+
+def test_minimax_generates_when_its_first_layer_is_linear_attention():
+    hf.register()
+    cfg = tf.MiniMaxConfig(
+        vocab_size=99, hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1, block_size=4,
+        layer_types=["linear_attention", "full_attention"], pad_token_id=0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = tf.MiniMaxForCausalLM(cfg).eval()
+    ids = torch.randint(3, 99, (1, 11), generator=torch.Generator().manual_seed(2))
+    tokens = {}
+    for impl in ("eager", "selfattention"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            tokens[impl] = model.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    assert torch.equal(tokens["selfattention"], tokens["eager"])

@@ -387,6 +387,14 @@ def attention_forward(
     dense = dense or (softcap is not None and training and dropout > 0) or torch.compiler.is_compiling()
     dense = dense or BACKEND != "tiled"  # another backend chosen: it gets the dense mask, as before
     fast = dict(dropout_p=check_dropout(dropout) if training else 0.0, softcap=softcap, sinks=sink)
+    if lazy is not None and lazy.shape[-2:] != (q_len, k_len) and lazy.batch_size in (1, query.shape[0]):
+        if all(n in (1, want_n) for n, want_n in zip(lazy.shape[-2:], (q_len, k_len), strict=True)):
+            # a mask made for one key (or query) where the call has more: broadcast over them, as eager and
+            # sdpa do (MiniMax sizes its full-attention mask against a linear layer's cache: Tk = 1 while
+            # decoding)
+            small = lazy.to_dense()
+            attention_mask = small.expand(*small.shape[:-2], q_len, k_len)
+            lazy = None
     if lazy is not None:
         if lazy.shape[-2:] != (q_len, k_len) or lazy.batch_size not in (1, query.shape[0]):
             raise ValueError(

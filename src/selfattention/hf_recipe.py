@@ -341,8 +341,11 @@ def _lazy_mask(
             key_mask = key_mask.reshape(key_mask.shape[0], 1, 1, kv_length)  # (B, 1, 1, Tk)
             kinds.append("padding")
     try:
-        if parts.window is not None and not parts.causal:
-            raise _Generic  # an overlay without causal: not the engine's window
+        if parts.window is not None and (not parts.causal or parts.window <= 0):
+            # an overlay without causal: not the engine's window; a window of 0 or less (Qwen2-MoE's
+            # config sets sliding_window = 0 when use_sliding_window is False, and still builds the
+            # sliding mask nobody reads): nothing visible, as transformers' own predicate says
+            raise _Generic
         if parts.remapped and (q_off, kv_off) != (0, 0):
             raise _Generic
         docs = None
