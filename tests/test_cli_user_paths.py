@@ -140,6 +140,21 @@ def test_a_time_budget_stops_the_pairs_and_the_verdict_says_so():
         timing.compare(_fake([]), _fake([]), budget_s=0)
 
 
+def test_the_batched_check_is_interleaved_and_says_when_the_machine_was_too_busy():
+    """A new user's busy machine: the batch 0.25 s once and 15 s once, the prompts alone 0.75 s: one
+    comparison of a batch and its runs alone claimed the runs alone took 0.3× the batch's time."""
+    from selfattention.commands.generate import _batch_verdict
+
+    c = timing.compare(_fake([15.2, 0.26, 0.25]), _fake([4.6, 0.74, 0.78]), rounds=3)
+    line = _batch_verdict(c, 3)
+    assert "too busy to compare their speed" in line and "0.3× to 3.1× over 3 interleaved pairs" in line
+    with i18n.use_language("zh"):
+        assert "机器太忙" in _batch_verdict(c, 3)
+    steady = timing.compare(_fake([0.25, 0.26, 0.24]), _fake([0.75, 0.80, 0.70]), rounds=3)
+    line = _batch_verdict(steady, 3)
+    assert "the 3 runs alone took 3.0× the time of the batch (median of 3 interleaved pairs" in line
+
+
 def test_generate_check_prints_a_line_per_timed_run(tmp_path, capsys):
     import torch
 
