@@ -228,13 +228,19 @@ def grade(obj: Any, task: str | None = None, *, file: str | None = None) -> Repo
         report.findings += [_finding(code, lecture=chosen.lecture) for code in codes(chosen.axes, config)]
         if half:  # within half precision's rounding of the spec (or of the mistakes found)
             report.findings.append(_finding("low_precision", half, chosen.lecture))
-        for p in report.probes:
-            if p.raised:
-                report.notes.append(
-                    _("on the probe “{probe}” your code raised {error}, as these mistakes predict").format(
-                        probe=p.name, error=p.raised
-                    )
+        raised = [p for p in report.probes if p.raised]
+        if len(raised) == 1:
+            report.notes.append(
+                _("on the probe “{probe}” your code raised {error}, as these mistakes predict").format(
+                    probe=raised[0].name, error=raised[0].raised
                 )
+            )
+        elif raised:  # each probe's error is in its own line above: one note, not one per probe
+            report.notes.append(
+                _(
+                    "on {n} of the {total} probes your code raised (their errors are above), as these mistakes predict"
+                ).format(n=len(raised), total=len(report.probes))
+            )
         return report
     report.findings += _unexplained(report.probes, learner, expected, chosen.lecture)
     if half:
