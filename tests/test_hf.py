@@ -516,3 +516,16 @@ def test_a_mask_that_is_not_a_tensor_is_refused():
     q, k, v = _qkv(5, 5)
     with pytest.raises(TypeError, match="attention_mask must be a torch.Tensor"):
         hf.attention_forward(_module(groups=2), q, k, v, [[True]])
+
+
+def test_the_readme_s_offline_example_runs_and_matches_eager(capsys):
+    """The README's "nothing downloaded" example (a tiny random Llama), run as written."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    tail = readme[readme.index("To try it with nothing downloaded") :]
+    block = re.search(r"```python\n(.*?)```", tail, re.S).group(1)
+    exec(compile(block, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    assert float(printed) < 1e-5  # the README's figure is this machine's; another CPU rounds otherwise
