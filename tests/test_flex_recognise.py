@@ -311,3 +311,28 @@ def test_a_tensor_the_mod_reads_changed_in_place_is_seen(kind):
     out = sa.flex_attention(q, k, v, block_mask=bm)
     want, _ = oracle(*(x.detach().double() for x in (q, k, v)), _tables_with_mod_now(bm, mod, t, blk))
     assert (out.double() - want).abs().max() < 1e-5
+
+
+REBOUND_DOC = torch.zeros(160, dtype=torch.long)
+
+
+def test_a_global_the_mod_reads_rebound_to_another_tensor_is_seen():
+    """``doc = new_ids`` at module level (not an in-place change): the snapshot holds the old tensor, the
+    function reads the new one; the call must follow the function, as torch's kernels do."""
+    from tests.test_flex import oracle
+
+    global REBOUND_DOC
+    REBOUND_DOC = torch.zeros(160, dtype=torch.long)
+    REBOUND_DOC[70:] = 1
+
+    def mod(b, h, q, kv):
+        return REBOUND_DOC[q] == REBOUND_DOC[kv]
+
+    bm = sa.create_block_mask(mod, None, None, 160, 160, device="cpu", BLOCK_SIZE=32)
+    q, k, v = inputs(1, 2, 2, 160, 160, 8, 8, seed=4)
+    sa.flex_attention(q, k, v, block_mask=bm)
+    REBOUND_DOC = torch.zeros(160, dtype=torch.long)
+    REBOUND_DOC[90:] = 1
+    out = sa.flex_attention(q, k, v, block_mask=bm)
+    want, _ = oracle(*(x.detach().double() for x in (q, k, v)), _tables_with_mod_now(bm, mod, 160, 32))
+    assert (out.double() - want).abs().max() < 1e-5

@@ -39,23 +39,28 @@ class Snapshot:
     (:func:`captured`), compared on every call: what was recognised from them is used only while they are
     unchanged — tables written to in place, through ``.data`` or numpy, or replaced by other tensors (the
     version counters alone miss the last two), document ids or an offset the mod closes over changed in
-    place. Then the mask is looked at again, as torch's kernels would read it: its (old) tables with the
+    place or rebound to another tensor. Then the mask is looked at again, as torch's kernels would read it: its (old) tables with the
     mod as it is now."""
 
     def __init__(self, bm: BlockMask) -> None:
         self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
+        self.bound: list[tuple] = []  # (closure cell or globals dict, name or None, the tensor there)
         self.captured = [
             (t, t._version, t.detach().clone() if t.numel() <= CAPTURED_COPY_MAX else None)
-            for t in captured(bm.mask_mod)
+            for t in captured(bm.mask_mod, bound=self.bound)
         ]
 
     def match(self, bm: BlockMask) -> bool:
-        return all(
-            a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
-            for a, b in zip(self.tables, _tables_of(bm), strict=True)
-        ) and all(
-            t._version == version and (copy is None or (t.shape == copy.shape and torch.equal(t, copy)))
-            for t, version, copy in self.captured
+        return (
+            all(
+                a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
+                for a, b in zip(self.tables, _tables_of(bm), strict=True)
+            )
+            and all(
+                t._version == version and (copy is None or (t.shape == copy.shape and torch.equal(t, copy)))
+                for t, version, copy in self.captured
+            )
+            and all(_now(holder, name) is t for holder, name, t in self.bound)
         )
 
 
@@ -64,10 +69,12 @@ CAPTURED_COPY_MAX = 1 << 20
 version counter only, which misses writes through ``.data``)."""
 
 
-def captured(fn, depth: int = 0, seen: set | None = None) -> list[torch.Tensor]:
+def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = None) -> list[torch.Tensor]:
     """The tensors ``fn`` reads besides its arguments: its closure cells, defaults and the globals its code
     names; a ``functools.partial``'s arguments; a callable object's attributes (this library's ready mods);
-    and, recursively (3 levels), those of the callables found there (``and_masks``' list of mods)."""
+    and, recursively (3 levels), those of the callables found there (``and_masks``' list of mods).
+    ``bound`` (a list) receives (cell, None, tensor) / (globals, name, tensor) for the tensors held by a
+    closure cell or a global, which a later assignment can rebind to another tensor."""
     seen = set() if seen is None else seen
     if id(fn) in seen or depth > 3:
         return []
@@ -77,10 +84,15 @@ def captured(fn, depth: int = 0, seen: set | None = None) -> list[torch.Tensor]:
         found += [fn.func, *fn.args, *fn.keywords.values()]
     code = getattr(fn, "__code__", None)
     if code is not None:
-        found += [c.cell_contents for c in (fn.__closure__ or ()) if _filled(c)]
-        found += list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
+        cells = [c for c in (fn.__closure__ or ()) if _filled(c)]
         glob = getattr(fn, "__globals__", {})
-        found += [glob[n] for n in code.co_names if n in glob]
+        names = [n for n in code.co_names if n in glob]
+        if bound is not None:
+            bound += [(c, None, c.cell_contents) for c in cells if isinstance(c.cell_contents, torch.Tensor)]
+            bound += [(glob, n, glob[n]) for n in names if isinstance(glob[n], torch.Tensor)]
+        found += [c.cell_contents for c in cells]
+        found += list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
+        found += [glob[n] for n in names]
     elif callable(fn) and hasattr(fn, "__dict__") and not isinstance(fn, type):
         found += list(vars(fn).values())
     out: list[torch.Tensor] = []
@@ -91,8 +103,15 @@ def captured(fn, depth: int = 0, seen: set | None = None) -> list[torch.Tensor]:
                     seen.add(id(x))
                     out.append(x)
             elif callable(x) and not isinstance(x, type) and not inspect.ismodule(x):
-                out += captured(x, depth + 1, seen)
+                out += captured(x, depth + 1, seen, bound)
     return out
+
+
+def _now(holder, name):
+    """What a closure cell (``name`` None) or a globals dict holds now (None once emptied or deleted)."""
+    if name is None:
+        return holder.cell_contents if _filled(holder) else None
+    return holder.get(name)
 
 
 def _filled(cell) -> bool:
