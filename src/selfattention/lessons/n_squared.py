@@ -241,7 +241,9 @@ def run(
         ax.loglog(ts, [mem[t] / mem[ts[0]] for t in ts], "o-", label=_("memory of the (T,T) tensors"))
         ax.loglog(ts, [full[t] / full[ts[0]] for t in ts], "s-", label=_("time, materialised"))
         ax.loglog(ts, [tiled[t] / tiled[ts[0]] for t in ts], "^-", label=_("time, tiled (O(T) memory)"))
-        ax.loglog(ts, [(t / ts[0]) ** 2 for t in ts], "--", color="grey", label="(T/T₀)² = FLOPs")
+        ax.loglog(
+            ts, [(t / ts[0]) ** 2 for t in ts], "--", color="black", lw=1.6, zorder=5, label="(T/T₀)² = FLOPs"
+        )
         if cache:
             fits = [t for t in ts if mem[t] <= cache]
             if fits and fits[-1] != ts[-1]:
