@@ -336,3 +336,53 @@ def test_a_global_the_mod_reads_rebound_to_another_tensor_is_seen():
     out = sa.flex_attention(q, k, v, block_mask=bm)
     want, _ = oracle(*(x.detach().double() for x in (q, k, v)), _tables_with_mod_now(bm, mod, 160, 32))
     assert (out.double() - want).abs().max() < 1e-5
+
+
+def test_a_nonlocal_number_an_attribute_and_a_dict_entry_the_mod_reads_are_seen():
+    """A causal offset changed with ``nonlocal``, a bound method whose object's ids change, a global dict's
+    ids: each after create_block_mask, each followed as torch's kernels follow it (a breaker run: 1.4–3.0
+    off before). Oracle: float64 math on full | (partial & mod now)."""
+    from tests.test_flex import oracle
+
+    t, blk = 256, 32
+    q, k, v = inputs(1, 2, 2, t, t, 8, 8, seed=6)
+
+    def make():
+        off = 0
+
+        def mod(b, h, qi, kv):
+            return kv <= qi + off
+
+        def set_off(x):
+            nonlocal off
+            off = x
+
+        return mod, set_off
+
+    class Doc:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def mod(self, b, h, qi, kv):
+            return self.ids[qi] == self.ids[kv]
+
+    cfg = {"doc": torch.arange(t) // 64}
+
+    def by_dict(b, h, qi, kv):
+        return cfg["doc"][qi] == cfg["doc"][kv]
+
+    offset_mod, set_off = make()
+    doc = Doc(torch.arange(t) // 64)
+    cases = [
+        (offset_mod, lambda: set_off(-70)),
+        (doc.mod, lambda: doc.ids.copy_(torch.arange(t) // 40)),
+        (doc.mod, lambda: setattr(doc, "ids", torch.arange(t) // 48)),
+        (by_dict, lambda: cfg.__setitem__("doc", torch.arange(t) // 40)),
+    ]
+    for mod, change in cases:
+        bm = sa.create_block_mask(mod, None, None, t, t, device="cpu", BLOCK_SIZE=blk)
+        sa.flex_attention(q, k, v, block_mask=bm)
+        change()
+        out = sa.flex_attention(q, k, v, block_mask=bm)
+        want, _ = oracle(*(x.detach().double() for x in (q, k, v)), _tables_with_mod_now(bm, mod, t, blk))
+        assert (out.double() - want).abs().max() < 1e-5, mod

@@ -44,7 +44,7 @@ class Snapshot:
 
     def __init__(self, bm: BlockMask) -> None:
         self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
-        self.bound: list[tuple] = []  # (closure cell or globals dict, name or None, the tensor there)
+        self.bound: list[tuple] = []  # (closure cell or dict, name or None, the tensor or number there)
         self.captured = [
             (t, t._version, t.detach().clone() if t.numel() <= CAPTURED_COPY_MAX else None)
             for t in captured(bm.mask_mod, bound=self.bound)
@@ -60,7 +60,7 @@ class Snapshot:
                 t._version == version and (copy is None or (t.shape == copy.shape and torch.equal(t, copy)))
                 for t, version, copy in self.captured
             )
-            and all(_now(holder, name) is t for holder, name, t in self.bound)
+            and all(same(_now(holder, name), t) for holder, name, t in self.bound)
         )
 
 
@@ -73,8 +73,9 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
     """The tensors ``fn`` reads besides its arguments: its closure cells, defaults and the globals its code
     names; a ``functools.partial``'s arguments; a callable object's attributes (this library's ready mods);
     and, recursively (3 levels), those of the callables found there (``and_masks``' list of mods).
-    ``bound`` (a list) receives (cell, None, tensor) / (globals, name, tensor) for the tensors held by a
-    closure cell or a global, which a later assignment can rebind to another tensor."""
+    ``bound`` (a list) receives (cell, None, value) / (dict, key, value) for the tensors and numbers held
+    by a closure cell, a global, a dict it reads or its object's attributes, which a later assignment can
+    rebind (``nonlocal offset``, ``cfg["doc"] = …``, ``self.ids = …``)."""
     seen = set() if seen is None else seen
     if id(fn) in seen or depth > 3:
         return []
@@ -88,15 +89,22 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
         glob = getattr(fn, "__globals__", {})
         names = [n for n in code.co_names if n in glob]
         if bound is not None:
-            bound += [(c, None, c.cell_contents) for c in cells if isinstance(c.cell_contents, torch.Tensor)]
-            bound += [(glob, n, glob[n]) for n in names if isinstance(glob[n], torch.Tensor)]
+            bound += [(c, None, c.cell_contents) for c in cells if _watched(c.cell_contents)]
+            bound += [(glob, n, glob[n]) for n in names if _watched(glob[n])]
         found += [c.cell_contents for c in cells]
         found += list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
         found += [glob[n] for n in names]
+        owner = getattr(fn, "__self__", None)  # a bound method: its object's attributes
+        if owner is not None and hasattr(owner, "__dict__") and not inspect.ismodule(owner):
+            found.append(vars(owner))
     elif callable(fn) and hasattr(fn, "__dict__") and not isinstance(fn, type):
-        found += list(vars(fn).values())
+        found.append(vars(fn))
     out: list[torch.Tensor] = []
     for item in found:
+        if isinstance(item, dict):  # a dict it reads (cfg["doc"]) or an object's attributes
+            if bound is not None:
+                bound += [(item, key, x) for key, x in item.items() if _watched(x)]
+            item = list(item.values())
         for x in item if isinstance(item, list | tuple) else (item,):
             if isinstance(x, torch.Tensor):
                 if id(x) not in seen:
@@ -107,11 +115,24 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
     return out
 
 
+def _watched(x) -> bool:
+    """Whether a value held by a cell, a global or a dict is re-checked on every call: a tensor (by
+    identity) or a number / string (by value; an offset a closure changes with ``nonlocal``)."""
+    return isinstance(x, torch.Tensor | int | float | str) and not isinstance(x, type)
+
+
+def same(a, b) -> bool:
+    """``a is b`` for tensors and other objects, ``==`` for numbers and strings."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    return type(a) is type(b) and a == b
+
+
 def _now(holder, name):
     """What a closure cell (``name`` None) or a globals dict holds now (None once emptied or deleted)."""
     if name is None:
         return holder.cell_contents if _filled(holder) else None
-    return holder.get(name)
+    return holder.get(name) if isinstance(holder, dict) else getattr(holder, name, None)
 
 
 def _filled(cell) -> bool:
