@@ -545,3 +545,11 @@ def test_a_float32_slip_of_the_same_size_is_not_half_precision():
         return (w + 1e-3) @ v
 
     assert grade(scaled_dot_product_attention).codes == ["unrecognised"]
+
+
+def test_a_stub_of_whole_numbers_is_not_half_precision():
+    """torch.ones is a float16 number too: a stub is unrecognised, never low_precision (a breaker run)."""
+    assert grade(lambda q, k, v, mask=None: torch.ones(q.shape[0], v.shape[1]), task="sdpa").codes == [
+        "unrecognised"
+    ]
+    assert grade(lambda X: torch.ones_like(X), task="simple").codes == ["unrecognised"]

@@ -291,13 +291,14 @@ _MIN_VALUES = 8
 def half_precision(learner: list[Any]) -> str:
     """ "float16" or "bfloat16" when every finite value of the first output (the attention's result; a
     decode step's caches are the caller's) of every probe that ran is a number of that format (a float32
-    result is one by chance with odds ≈ 2⁻¹³ a value) and there are at least :data:`_MIN_VALUES` non-zero
-    ones; else "". Such code computed (or rounded) in half precision."""
+    result is one by chance with odds ≈ 2⁻¹³ a value) and there are at least :data:`_MIN_VALUES` distinct
+    ones that are not whole numbers; else "". Such code computed (or rounded) in half precision."""
     import torch
 
     values = [o[0].flatten() for o in learner if not isinstance(o, Raised) and o and o[0].is_floating_point()]
-    values = [v[torch.isfinite(v) & (v != 0)].double() for v in values]
-    if sum(v.numel() for v in values) < _MIN_VALUES:
+    # whole numbers (a stub of ones, zeros, counts) are numbers of every format and prove nothing
+    values = [v[torch.isfinite(v) & (v != v.round())].double() for v in values]
+    if not values or torch.unique(torch.cat(values)).numel() < _MIN_VALUES:
         return ""
     for dtype in (
         torch.bfloat16,
