@@ -50,36 +50,26 @@ def check_mask_mod(mask_mod: Callable) -> None:
         )
 
 
-def _count(name: str, n):
-    """``n`` as an int: an int, a numpy integer, or a 0-d integer tensor (torch's create_block_mask takes
-    all three, e.g. lengths read from a numpy array); bools and anything else raise."""
+def _count(name: str, n, least: int) -> int:
+    """``n`` as an int ≥ ``least``: an int, a numpy integer, or a 0-d integer tensor (torch's
+    create_block_mask takes all three, e.g. lengths read from a numpy array); ValueError naming ``name``
+    for bools, anything else, or a smaller value."""
+    value = None
     if isinstance(n, torch.Tensor) and n.dim() == 0 and not n.is_floating_point() and n.dtype != torch.bool:
-        return int(n)
-    if isinstance(n, numbers.Integral) and not isinstance(n, bool):
-        return int(n)
-    kind = "a non-negative int" if name.endswith("LEN") else "a positive int or None"
-    raise ValueError(f"{name} must be {kind}, got {n!r}")
+        value = int(n)
+    elif isinstance(n, numbers.Integral) and not isinstance(n, bool):
+        value = int(n)
+    if value is None or value < least:
+        kind = "a non-negative int" if least == 0 else "a positive int or None"
+        raise ValueError(f"{name} must be {kind}, got {n!r}")
+    return value
 
 
-def checked_sizes(B, H, Q_LEN, KV_LEN) -> tuple[int | None, int | None, int, int]:
-    """(B, H, Q_LEN, KV_LEN) checked and made ints (B / H may stay None); ValueError naming the argument."""
-    out = []
-    for name, n in (("B", B), ("H", H), ("Q_LEN", Q_LEN), ("KV_LEN", KV_LEN)):
-        if n is None and name in ("B", "H"):
-            out.append(None)
-            continue
-        value = _count(name, n)
-        if value < (0 if name.endswith("LEN") else 1):
-            kind = "a non-negative int" if name.endswith("LEN") else "a positive int or None"
-            raise ValueError(f"{name} must be {kind}, got {n!r}")
-        out.append(value)
-    return out[0], out[1], out[2], out[3]
-
-
-def batch_heads(B, H, Q_LEN, KV_LEN) -> tuple[int, int]:
-    """(B, H) with None read as 1, after :func:`checked_sizes`' checks."""
-    B, H, _q, _k = checked_sizes(B, H, Q_LEN, KV_LEN)
-    return (1 if B is None else B), (1 if H is None else H)
+def checked_sizes(B, H, Q_LEN, KV_LEN) -> tuple[int, int, int, int]:
+    """(B, H, Q_LEN, KV_LEN) checked and made ints, B / H None read as 1; ValueError naming the argument."""
+    b = 1 if B is None else _count("B", B, 1)
+    h = 1 if H is None else _count("H", H, 1)
+    return b, h, _count("Q_LEN", Q_LEN, 0), _count("KV_LEN", KV_LEN, 0)
 
 
 def create_mask(
@@ -87,8 +77,7 @@ def create_mask(
 ) -> torch.Tensor:
     """The dense bool mask (B, H, Q_LEN, KV_LEN) of a mask_mod, or of a score_mod (True where it does not
     give −inf), as torch's ``create_mask``; B/H None = 1."""
-    B, H, Q_LEN, KV_LEN = checked_sizes(B, H, Q_LEN, KV_LEN)
-    b_, h_ = batch_heads(B, H, Q_LEN, KV_LEN)
+    b_, h_, Q_LEN, KV_LEN = checked_sizes(B, H, Q_LEN, KV_LEN)
     idx = index_tiles(b_, h_, 0, Q_LEN, 0, KV_LEN, default_device(device))
     shape = (b_, h_, Q_LEN, KV_LEN)
     if positional_args(mod_fn) == 5:
@@ -169,8 +158,7 @@ def create_block_mask(
     if n_args != 4:
         what = "a score_mod" if n_args == 5 else f"a function of {n_args} positional arguments"
         raise TypeError(f"create_block_mask requires a mask_mod (b, h, q_idx, kv_idx), got {what}")
-    B, H, Q_LEN, KV_LEN = checked_sizes(B, H, Q_LEN, KV_LEN)
-    b_, h_ = batch_heads(B, H, Q_LEN, KV_LEN)
+    b_, h_, Q_LEN, KV_LEN = checked_sizes(B, H, Q_LEN, KV_LEN)
     sizes = (BLOCK_SIZE, BLOCK_SIZE) if isinstance(BLOCK_SIZE, int) else BLOCK_SIZE
     if not isinstance(sizes, tuple | list) or len(sizes) != 2:
         raise ValueError(f"BLOCK_SIZE must be a positive int or a pair of them, got {BLOCK_SIZE!r}")

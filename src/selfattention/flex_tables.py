@@ -38,9 +38,9 @@ class Snapshot:
     """A copy of a BlockMask's tables (a few K integers) and of the tensors its mask_mod reads
     (:func:`captured`), compared on every call: what was recognised from them is used only while they are
     unchanged — tables written to in place, through ``.data`` or numpy, or replaced by other tensors (the
-    version counters alone miss the last two), document ids or an offset the mod closes over changed in
-    place or rebound to another tensor. Then the mask is looked at again, as torch's kernels would read it: its (old) tables with the
-    mod as it is now."""
+    version counters alone miss the last two), document ids or an offset the mod reads changed in place
+    or rebound (:func:`captured`'s ``bound``). Then the mask is looked at again, as torch's kernels would
+    read it: its (old) tables with the mod as it is now."""
 
     def __init__(self, bm: BlockMask) -> None:
         self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
@@ -60,7 +60,7 @@ class Snapshot:
                 t._version == version and (copy is None or (t.shape == copy.shape and torch.equal(t, copy)))
                 for t, version, copy in self.captured
             )
-            and all(same(_now(holder, name), t) for holder, name, t in self.bound)
+            and all(_same(_now(holder, name), t) for holder, name, t in self.bound)
         )
 
 
@@ -118,10 +118,10 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
 def _watched(x) -> bool:
     """Whether a value held by a cell, a global or a dict is re-checked on every call: a tensor (by
     identity) or a number / string (by value; an offset a closure changes with ``nonlocal``)."""
-    return isinstance(x, torch.Tensor | int | float | str) and not isinstance(x, type)
+    return isinstance(x, torch.Tensor | int | float | str)
 
 
-def same(a, b) -> bool:
+def _same(a, b) -> bool:
     """``a is b`` for tensors and other objects, ``==`` for numbers and strings."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return a is b
@@ -129,10 +129,10 @@ def same(a, b) -> bool:
 
 
 def _now(holder, name):
-    """What a closure cell (``name`` None) or a globals dict holds now (None once emptied or deleted)."""
+    """What a closure cell (``name`` None) or a dict holds now (None once emptied or deleted)."""
     if name is None:
         return holder.cell_contents if _filled(holder) else None
-    return holder.get(name) if isinstance(holder, dict) else getattr(holder, name, None)
+    return holder.get(name)
 
 
 def _filled(cell) -> bool:
