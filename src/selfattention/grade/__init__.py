@@ -224,28 +224,33 @@ def grade(obj: Any, task: str | None = None, *, file: str | None = None) -> Repo
     config = fit_mistakes(
         chosen.axes, learner, reference, chosen.max_mistakes, HALF_PRECISION if half else RTOL
     )
-    if config is not None:
+    if config is None:
+        report.findings += _unexplained(report.probes, learner, expected, chosen.lecture)
+    else:
         report.findings += [_finding(code, lecture=chosen.lecture) for code in codes(chosen.axes, config)]
-        if half:  # within half precision's rounding of the spec (or of the mistakes found)
-            report.findings.append(_finding("low_precision", half, chosen.lecture))
-        raised = [p for p in report.probes if p.raised]
-        if len(raised) == 1:
-            report.notes.append(
-                _("on the probe “{probe}” your code raised {error}, as these mistakes predict").format(
-                    probe=raised[0].name, error=raised[0].raised
-                )
-            )
-        elif raised:  # each probe's error is in its own line above: one note, not one per probe
-            report.notes.append(
-                _(
-                    "on {n} of the {total} probes your code raised (their errors are above), as these mistakes predict"
-                ).format(n=len(raised), total=len(report.probes))
-            )
-        return report
-    report.findings += _unexplained(report.probes, learner, expected, chosen.lecture)
-    if half:
+        report.notes += _raised_notes(report.probes)
+    if half:  # the outputs are half precision numbers: beside the mistakes fitted at its tolerance, or alone
         report.findings.append(_finding("low_precision", half, chosen.lecture))
     return report
+
+
+def _raised_notes(probes: list[ProbeResult]) -> list[str]:
+    """The note that the probes where the code raised are what the fitted mistakes predict: one note for
+    all of them (each probe's error is already on its own line)."""
+    raised = [p for p in probes if p.raised]
+    if len(raised) == 1:
+        return [
+            _("on the probe “{probe}” your code raised {error}, as these mistakes predict").format(
+                probe=raised[0].name, error=raised[0].raised
+            )
+        ]
+    if raised:
+        return [
+            _(
+                "on {n} of the {total} probes your code raised (their errors are above), as these mistakes predict"
+            ).format(n=len(raised), total=len(probes))
+        ]
+    return []
 
 
 def run_reference(task: Task, subject: Any, config: dict[str, str], probe: Any) -> Any:
@@ -256,8 +261,7 @@ def run_reference(task: Task, subject: Any, config: dict[str, str], probe: Any) 
 def _unexplained(
     probes: list[ProbeResult], learner: list[Any], expected: list[Any], lecture: str
 ) -> list[Finding]:
-    """Findings when no combination of known mistakes explains the outputs: exceptions, shapes, half
-    precision (every output that runs is within half precision's rounding of the spec), the rest."""
+    """Findings when no combination of known mistakes explains the outputs: exceptions, shapes, the rest."""
     found: list[Finding] = []
     for p, got, want in zip(probes, learner, expected, strict=True):
         if p.matches_spec:
@@ -289,21 +293,19 @@ _MIN_VALUES = 8
 
 
 def half_precision(learner: list[Any]) -> str:
-    """ "float16" or "bfloat16" when every finite value of the first output (the attention's result; a
-    decode step's caches are the caller's) of every probe that ran is a number of that format (a float32
-    result is one by chance with odds ≈ 2⁻¹³ a value) and there are at least :data:`_MIN_VALUES` distinct
-    ones that are not whole numbers; else "". Such code computed (or rounded) in half precision."""
+    """The format ("bfloat16" or "float16") of which every finite value of the first output (the
+    attention's result; a decode step's caches are the caller's) of every probe that ran is a number, or
+    "" — a float32 result is one by chance with odds ≈ 2⁻¹³ a value. At least :data:`_MIN_VALUES`
+    distinct values that are not whole numbers are needed (ones, zeros and counts are numbers of every
+    format). Such code computed, or rounded its result, in half precision."""
     import torch
 
     values = [o[0].flatten() for o in learner if not isinstance(o, Raised) and o and o[0].is_floating_point()]
-    # whole numbers (a stub of ones, zeros, counts) are numbers of every format and prove nothing
     values = [v[torch.isfinite(v) & (v != v.round())].double() for v in values]
     if not values or torch.unique(torch.cat(values)).numel() < _MIN_VALUES:
         return ""
-    for dtype in (
-        torch.bfloat16,
-        torch.float16,
-    ):  # the narrower first: bfloat16 numbers of |x| < 65504 are float16's too
+    narrower_first = (torch.bfloat16, torch.float16)  # bfloat16 numbers of |x| < 65504 are float16's too
+    for dtype in narrower_first:
         if all(torch.equal(v.to(dtype).double(), v) for v in values):
             return str(dtype).removeprefix("torch.")
     return ""
