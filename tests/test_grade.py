@@ -474,15 +474,25 @@ def test_code_that_raises_on_every_probe_is_explained_by_no_mistake():
 
 
 def test_a_shape_mutation_matches_only_shape_errors():
-    """K Qᵀ cannot run where Tq ≠ Tk; code that computes the spec but raises a TypeError exactly there is
-    not 'transposed_scores' (a TypeError is no shape error)."""
+    """K Qᵀ cannot run where Tq ≠ Tk. Code that computes K Qᵀ but raises a TypeError of its own exactly
+    there is not fitted as 'transposed_scores' (a TypeError is no shape error); with torch's own shape
+    error it is."""
 
-    def scaled_dot_product_attention(q, k, v, mask=None):
-        if q.shape[0] != k.shape[0]:
-            raise TypeError("only square problems")
-        return attention_ref(q, k, v, mask)[0].float()
+    def transposed(error):
+        def scaled_dot_product_attention(q, k, v, mask=None):
+            if q.shape[0] != k.shape[0]:
+                raise error
+            scores = k @ q.T / math.sqrt(q.shape[-1])
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
 
-    assert "transposed_scores" not in grade(scaled_dot_product_attention).codes
+        return scaled_dot_product_attention
+
+    assert "transposed_scores" not in grade(transposed(TypeError("only square problems"))).codes
+    assert grade(transposed(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))).codes == [
+        "transposed_scores"
+    ]
 
 
 def test_missing_transpose_in_every_task():
