@@ -386,3 +386,63 @@ def test_a_nonlocal_number_an_attribute_and_a_dict_entry_the_mod_reads_are_seen(
         out = sa.flex_attention(q, k, v, block_mask=bm)
         want, _ = oracle(*(x.detach().double() for x in (q, k, v)), _tables_with_mod_now(bm, mod, t, blk))
         assert (out.double() - want).abs().max() < 1e-5, mod
+
+
+def test_a_plain_object_a_list_element_and_a_nested_dict_entry_the_mod_reads_are_seen():
+    """Document ids on a plain object (``ns.doc``, changed in place and rebound), in a list (``ids[0] = …``)
+    and in a nested dict (``cfg["inner"]["doc"] = …``): each after create_block_mask, each followed as
+    torch's kernels follow it (a breaker run: ≈ 1.39 off before, silently). Oracle: float64 math on
+    full | (partial & mod now)."""
+    from types import SimpleNamespace
+
+    from tests.test_flex import oracle
+
+    t, blk = 256, 32
+    q, k, v = inputs(1, 2, 2, t, t, 8, 8, seed=7)
+    ns = SimpleNamespace(doc=torch.arange(t) // 64)
+    ids = [torch.arange(t) // 64]
+    cfg = {"inner": {"doc": torch.arange(t) // 64}}
+
+    def by_object(b, h, qi, kv):
+        return ns.doc[qi] == ns.doc[kv]
+
+    def by_list(b, h, qi, kv):
+        return ids[0][qi] == ids[0][kv]
+
+    def by_nested_dict(b, h, qi, kv):
+        return cfg["inner"]["doc"][qi] == cfg["inner"]["doc"][kv]
+
+    cases = [
+        (by_object, lambda: ns.doc.copy_(torch.arange(t) // 40)),
+        (by_object, lambda: setattr(ns, "doc", torch.arange(t) // 48)),
+        (by_list, lambda: ids.__setitem__(0, torch.arange(t) // 40)),
+        (by_nested_dict, lambda: cfg["inner"].__setitem__("doc", torch.arange(t) // 40)),
+    ]
+    for mod, change in cases:
+        bm = sa.create_block_mask(mod, None, None, t, t, device="cpu", BLOCK_SIZE=blk)
+        assert flex.describe(q, k, v, block_mask=bm).strategy == "documents", mod
+        sa.flex_attention(q, k, v, block_mask=bm)
+        change()
+        out = sa.flex_attention(q, k, v, block_mask=bm)
+        want, _ = oracle(*(x.detach().double() for x in (q, k, v)), _tables_with_mod_now(bm, mod, t, blk))
+        assert (out.double() - want).abs().max() < 1e-5, mod
+
+
+def test_walking_what_a_mod_reads_stops_at_modules_classes_and_big_containers():
+    """captured() does not wander into modules, classes or a container of thousands of entries, and a
+    cycle (an object holding itself) ends."""
+    from types import SimpleNamespace
+
+    from selfattention.flex_tables import WALK_ITEMS_MAX, captured
+
+    x = torch.arange(4)
+    ns = SimpleNamespace(x=x)
+    ns.me = ns
+    big = [torch.zeros(1) for _ in range(WALK_ITEMS_MAX + 1)]
+
+    def mod(b, h, qi, kv):
+        return (ns.x[qi] >= 0) & (len(big) > 0) & (torch.tensor(0) == 0)
+
+    found = captured(mod)
+    assert any(t is x for t in found)
+    assert not any(t is big[0] for t in found)

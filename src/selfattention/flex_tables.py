@@ -14,7 +14,7 @@ import inspect
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-__all__ = ["CAPTURED_COPY_MAX", "Snapshot", "captured", "table_entries"]
+__all__ = ["CAPTURED_COPY_MAX", "WALK_DEPTH", "WALK_ITEMS_MAX", "Snapshot", "captured", "table_entries"]
 
 
 def table_entries(n: int, entries: int, device_type: str) -> torch.Tensor:
@@ -44,7 +44,7 @@ class Snapshot:
 
     def __init__(self, bm: BlockMask) -> None:
         self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
-        self.bound: list[tuple] = []  # (closure cell or dict, name or None, the tensor or number there)
+        self.bound: list[tuple] = []  # (cell, dict or list; None, name or index; the tensor or number there)
         self.captured = [
             (t, t._version, t.detach().clone() if t.numel() <= CAPTURED_COPY_MAX else None)
             for t in captured(bm.mask_mod, bound=self.bound)
@@ -71,13 +71,15 @@ version counter only, which misses writes through ``.data``)."""
 
 def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = None) -> list[torch.Tensor]:
     """The tensors ``fn`` reads besides its arguments: its closure cells, defaults and the globals its code
-    names; a ``functools.partial``'s arguments; a callable object's attributes (this library's ready mods);
-    and, recursively (3 levels), those of the callables found there (``and_masks``' list of mods).
-    ``bound`` (a list) receives (cell, None, value) / (dict, key, value) for the tensors and numbers held
-    by a closure cell, a global, a dict it reads or its object's attributes, which a later assignment can
-    rebind (``nonlocal offset``, ``cfg["doc"] = …``, ``self.ids = …``)."""
+    names; a ``functools.partial``'s arguments; a callable object's attributes (this library's ready mods)
+    or a bound method's object's; and, recursively (:data:`WALK_DEPTH` levels), what is found there — the
+    entries of dicts, lists and tuples, the attributes of plain objects (``ns.doc``), the callables inside
+    (``and_masks``' list of mods). ``bound`` (a list) receives (holder, key, value) for the tensors and
+    numbers held by a closure cell (key None), a dict or an object's attributes (key a name) or a list
+    (key an index), which a later assignment can rebind (``nonlocal offset``, ``cfg["inner"]["doc"] = …``,
+    ``self.ids = …``, ``ids[0] = …``). Containers over :data:`WALK_ITEMS_MAX` entries are not walked."""
     seen = set() if seen is None else seen
-    if id(fn) in seen or depth > 3:
+    if id(fn) in seen or depth > WALK_DEPTH:
         return []
     seen.add(id(fn))
     found: list = []
@@ -95,24 +97,54 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
         found += list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
         found += [glob[n] for n in names]
         owner = getattr(fn, "__self__", None)  # a bound method: its object's attributes
-        if owner is not None and hasattr(owner, "__dict__") and not inspect.ismodule(owner):
+        if owner is not None and _plain(owner):
             found.append(vars(owner))
-    elif callable(fn) and hasattr(fn, "__dict__") and not isinstance(fn, type):
+    elif _plain(fn):
         found.append(vars(fn))
     out: list[torch.Tensor] = []
-    for item in found:
-        if isinstance(item, dict):  # a dict it reads (cfg["doc"]) or an object's attributes
-            if bound is not None:
-                bound += [(item, key, x) for key, x in item.items() if _watched(x)]
-            item = list(item.values())
-        for x in item if isinstance(item, list | tuple) else (item,):
-            if isinstance(x, torch.Tensor):
-                if id(x) not in seen:
-                    seen.add(id(x))
-                    out.append(x)
-            elif callable(x) and not isinstance(x, type) and not inspect.ismodule(x):
-                out += captured(x, depth + 1, seen, bound)
+    for x in found:
+        out += _walk(x, depth, seen, bound)
     return out
+
+
+WALK_DEPTH = 3
+"""How many levels of callables, containers and objects :func:`captured` walks from the mask function."""
+
+WALK_ITEMS_MAX = 256
+"""Entries beyond which a dict, list, tuple or object's attributes are not walked (a model's state)."""
+
+
+def _walk(x, depth: int, seen: set, bound: list | None) -> list[torch.Tensor]:
+    """The tensors in ``x``, a value a mask function reaches: itself, or what it holds (see :func:`captured`)."""
+    if isinstance(x, torch.Tensor):
+        if id(x) in seen:
+            return []
+        seen.add(id(x))
+        return [x]
+    if isinstance(x, type) or inspect.ismodule(x) or isinstance(x, int | float | str | bytes | None):
+        return []
+    if callable(x):
+        return captured(x, depth + 1, seen, bound)
+    if isinstance(x, dict | list | tuple) or _plain(x):
+        if id(x) in seen or depth >= WALK_DEPTH:
+            return []
+        seen.add(id(x))
+        holder = vars(x) if not isinstance(x, dict | list | tuple) else x
+        if len(holder) > WALK_ITEMS_MAX:
+            return []
+        items = list(holder.items()) if isinstance(holder, dict) else list(enumerate(holder))
+        if bound is not None and not isinstance(holder, tuple):  # a tuple's entries cannot be rebound
+            bound += [(holder, key, v) for key, v in items if _watched(v)]
+        out: list[torch.Tensor] = []
+        for _, v in items:
+            out += _walk(v, depth + 1, seen, bound)
+        return out
+    return []
+
+
+def _plain(x) -> bool:
+    """Whether ``x`` is an object whose attributes :func:`captured` reads (not a module or a class)."""
+    return hasattr(x, "__dict__") and not inspect.ismodule(x) and not isinstance(x, type)
 
 
 def _watched(x) -> bool:
@@ -129,9 +161,11 @@ def _same(a, b) -> bool:
 
 
 def _now(holder, name):
-    """What a closure cell (``name`` None) or a dict holds now (None once emptied or deleted)."""
+    """What a closure cell (``name`` None), a dict or a list holds now (None once emptied or deleted)."""
     if name is None:
         return holder.cell_contents if _filled(holder) else None
+    if isinstance(holder, list):
+        return holder[name] if name < len(holder) else None
     return holder.get(name)
 
 
