@@ -416,7 +416,13 @@ _READ = {"ok": 1, "read_short": 0, "read_long": 2, "write_next": 1, "shifted": 2
 def _decode_probes(_subject: Any) -> list[Probe]:
     gen = _gen()
     probes = []
-    for pos in (0, 3, 5):
+    for pos in (
+        0,
+        3,
+        4,
+        5,
+        6,
+    ):  # 4, 5, 6: a cache read of pos + 2, + 1, + 0 keys gives d_k = 6 keys (Q·K runs)
         q, k, v = _randn(gen, 1, D_K), _randn(gen, 1, D_K), _randn(gen, 1, D_V)
         k_cache, v_cache = _randn(gen, T_MAX, D_K), _randn(gen, T_MAX, D_V)  # slots ≥ pos: garbage
         probes.append(
@@ -466,7 +472,7 @@ DECODE = Task(
     ),
     lecture="003",
     names=("decode_step",),
-    axes=(_SCALE, _AXIS, _NORM, _CACHE),
+    axes=(_SCALE, _AXIS, _ORDER_SIMPLE, _NORM, _CACHE),
     probes=_decode_probes,
     call=_decode_call,
     reference=_decode_reference,

@@ -117,9 +117,10 @@ _ALL = [
     Mistake(
         "low_precision",
         N_(
-            "Your outputs are {detail} numbers: some step runs in half precision (a .half(), a float16 "
-            "tensor, autocast), which keeps about 3 significant digits, so no output can match the spec "
-            "closer than ≈ 1e-3. The inputs are float32: compute in float32."
+            "Your outputs are {detail} numbers: some step runs in half precision, or the result is "
+            "rounded to it (a .half(), a float16 tensor, autocast), which keeps about 3 significant digits, "
+            "so no output can match the spec closer than ≈ 1e-3. The inputs are float32: compute and return "
+            "float32."
         ),
         *_FORMULA_003,
         other=_FORMULA_000,
