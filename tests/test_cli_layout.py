@@ -47,6 +47,17 @@ def test_lesson_list_is_one_line_per_lesson_with_whole_names(at_80_columns, caps
         assert lesson.status in rows[0]
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
+@pytest.mark.parametrize(
+    "argv", [["lesson", "list"], ["lesson", "list", "--long"], ["lesson", "show", "polysemy"]]
+)
+def test_lesson_listings_have_no_trailing_spaces(argv, lang, at_80_columns, capsys):
+    """rich pads every table line to the table's width; a copied or piped listing must not carry them."""
+    assert main(["--lang", lang, *argv]) == 0
+    padded = [line for line in _lines(capsys.readouterr().out) if line != line.rstrip()]
+    assert not padded, padded[:3]
+
+
 @pytest.mark.parametrize(
     "argv", [["lesson", "list", "--long"], ["lesson", "show", "set-operation-without-positions"]]
 )

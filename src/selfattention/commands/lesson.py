@@ -85,7 +85,7 @@ def _show(lesson: Any) -> None:
     if lesson.reason:
         lines.append(_("not measured: {why}").format(why=_(lesson.reason)))
     for line in lines:  # plain text: lesson texts are never parsed as markup
-        console.print(Padding(Text(line), (0, 0, 0, 2)))
+        _print_unpadded(Padding(Text(line), (0, 0, 0, 2)))
 
 
 @lesson_app.command(
@@ -98,6 +98,7 @@ def list_lessons(
     from rich.cells import cell_len
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     from ..lectures import label
 
@@ -115,15 +116,28 @@ def list_lessons(
         table.add_column(_("about"), overflow="fold")  # wraps when it must: never cut
         for lesson in group:
             table.add_row(lesson.name, status_text(lesson), escape(_(lesson.summary)))
-        console.print(table)
-    console.print(
-        escape(
+        _print_unpadded(table)
+    _print_unpadded(
+        Text(
             _(
                 "Details: lesson show NAME or lesson list --long. "
                 "Run one with lesson run NAME [--out DIR], or all with lesson run all."
             )
         )
     )
+
+
+def _print_unpadded(renderable: Any) -> None:
+    """``renderable`` printed without the spaces rich pads each line with up to the table's width (a copied
+    or piped listing then has no trailing whitespace)."""
+    from rich.segment import Segment, Segments
+
+    for line in console.render_lines(renderable, pad=False, new_lines=False):
+        while line and not line[-1].text.strip() and not line[-1].control:
+            line.pop()
+        if line:
+            line[-1] = Segment(line[-1].text.rstrip(), line[-1].style)
+        console.print(Segments([*line, Segment.line()]), end="")
 
 
 @lesson_app.command(
