@@ -389,8 +389,8 @@ def test_a_nonlocal_number_an_attribute_and_a_dict_entry_the_mod_reads_are_seen(
 
 
 def test_a_plain_object_a_list_element_and_a_nested_dict_entry_the_mod_reads_are_seen():
-    """Document ids on a plain object (``ns.doc``, changed in place and rebound), in a list (``ids[0] = …``)
-    and in a nested dict (``cfg["inner"]["doc"] = …``): each after create_block_mask, each followed as
+    """Document ids on a plain object (``ns.doc``, changed in place and rebound), on an object with
+    ``__slots__``, in a list (``ids[0] = …``) and in a nested dict (``cfg["inner"]["doc"] = …``): each after create_block_mask, each followed as
     torch's kernels follow it (a breaker run: ≈ 1.39 off before, silently). Oracle: float64 math on
     full | (partial & mod now)."""
     from types import SimpleNamespace
@@ -402,6 +402,17 @@ def test_a_plain_object_a_list_element_and_a_nested_dict_entry_the_mod_reads_are
     ns = SimpleNamespace(doc=torch.arange(t) // 64)
     ids = [torch.arange(t) // 64]
     cfg = {"inner": {"doc": torch.arange(t) // 64}}
+
+    class Slotted:
+        __slots__ = ("doc",)
+
+        def __init__(self, doc):
+            self.doc = doc
+
+    slotted = Slotted(torch.arange(t) // 64)
+
+    def by_slots(b, h, qi, kv):
+        return slotted.doc[qi] == slotted.doc[kv]
 
     def by_object(b, h, qi, kv):
         return ns.doc[qi] == ns.doc[kv]
@@ -417,6 +428,8 @@ def test_a_plain_object_a_list_element_and_a_nested_dict_entry_the_mod_reads_are
         (by_object, lambda: setattr(ns, "doc", torch.arange(t) // 48)),
         (by_list, lambda: ids.__setitem__(0, torch.arange(t) // 40)),
         (by_nested_dict, lambda: cfg["inner"].__setitem__("doc", torch.arange(t) // 40)),
+        (by_slots, lambda: slotted.doc.copy_(torch.arange(t) // 40)),
+        (by_slots, lambda: setattr(slotted, "doc", torch.arange(t) // 48)),
     ]
     for mod, change in cases:
         bm = sa.create_block_mask(mod, None, None, t, t, device="cpu", BLOCK_SIZE=blk)

@@ -73,7 +73,7 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
     """The tensors ``fn`` reads besides its arguments: its closure cells, defaults and the globals its code
     names; a ``functools.partial``'s arguments; a callable object's attributes (this library's ready mods)
     or a bound method's object's; and, recursively (:data:`WALK_DEPTH` levels), what is found there — the
-    entries of dicts, lists and tuples, the attributes of plain objects (``ns.doc``), the callables inside
+    entries of dicts, lists and tuples, the attributes of plain objects (``ns.doc``, slots too), the callables inside
     (``and_masks``' list of mods). ``bound`` (a list) receives (holder, key, value) for the tensors and
     numbers held by a closure cell (key None), a dict or an object's attributes (key a name) or a list
     (key an index), which a later assignment can rebind (``nonlocal offset``, ``cfg["inner"]["doc"] = …``,
@@ -125,14 +125,18 @@ def _walk(x, depth: int, seen: set, bound: list | None) -> list[torch.Tensor]:
         return []
     if callable(x):
         return captured(x, depth + 1, seen, bound)
-    if isinstance(x, dict | list | tuple) or _plain(x):
+    if isinstance(x, dict | list | tuple) or _plain(x) or _slots(x):
         if id(x) in seen or depth >= WALK_DEPTH:
             return []
         seen.add(id(x))
-        holder = vars(x) if not isinstance(x, dict | list | tuple) else x
-        if len(holder) > WALK_ITEMS_MAX:
+        if isinstance(x, dict | list | tuple):
+            holder, items = x, list(x.items()) if isinstance(x, dict) else list(enumerate(x))
+        elif _plain(x):
+            holder, items = vars(x), list(vars(x).items())
+        else:  # an object with __slots__ (a dataclass(slots=True)): its filled slots, read by name
+            holder, items = x, [(n, getattr(x, n)) for n in _slots(x) if hasattr(x, n)]
+        if len(items) > WALK_ITEMS_MAX:
             return []
-        items = list(holder.items()) if isinstance(holder, dict) else list(enumerate(holder))
         if bound is not None and not isinstance(holder, tuple):  # a tuple's entries cannot be rebound
             bound += [(holder, key, v) for key, v in items if _watched(v)]
         out: list[torch.Tensor] = []
@@ -145,6 +149,19 @@ def _walk(x, depth: int, seen: set, bound: list | None) -> list[torch.Tensor]:
 def _plain(x) -> bool:
     """Whether ``x`` is an object whose attributes :func:`captured` reads (not a module or a class)."""
     return hasattr(x, "__dict__") and not inspect.ismodule(x) and not isinstance(x, type)
+
+
+def _slots(x) -> list[str]:
+    """The slot names of ``x``'s class and its bases (an object without ``__dict__``), else []."""
+    if hasattr(x, "__dict__") or isinstance(x, type):
+        return []
+    names = []
+    for cls in type(x).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        names += (
+            [slots] if isinstance(slots, str) else [n for n in slots if n not in ("__dict__", "__weakref__")]
+        )
+    return names
 
 
 def _watched(x) -> bool:
@@ -161,12 +178,15 @@ def _same(a, b) -> bool:
 
 
 def _now(holder, name):
-    """What a closure cell (``name`` None), a dict or a list holds now (None once emptied or deleted)."""
+    """What a closure cell (``name`` None), a dict, a list or an object's slot holds now (None once emptied
+    or deleted)."""
     if name is None:
         return holder.cell_contents if _filled(holder) else None
     if isinstance(holder, list):
         return holder[name] if name < len(holder) else None
-    return holder.get(name)
+    if isinstance(holder, dict):
+        return holder.get(name)
+    return getattr(holder, name, None)  # a slot
 
 
 def _filled(cell) -> bool:
