@@ -295,3 +295,52 @@ def test_plain_calls_without_autograd_keep_nan_rules(causal):
             assert (leak[0, :30] - out[0, :30]).abs().max() <= 1e-6
         else:  # every query sees them
             assert not torch.isfinite(leak).all(dim=-1).any()
+
+
+def _naive64(q, k, v, causal: bool, scale: float) -> torch.Tensor:
+    """softmax(q kᵀ · scale) v in float64 with IEEE NaN/inf arithmetic (the spec's semantics of bad input)."""
+    scores = q.double() @ k.double().mT * scale
+    if causal:
+        t = q.shape[-2]
+        scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), -math.inf)
+    return torch.softmax(scores, -1) @ v.double()
+
+
+def _same_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a, b = a.double(), b.double()
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    same_inf = torch.where(torch.isinf(a) | torch.isinf(b), a == b, True)
+    close = ((a - b).abs() <= 1e-4 * (1 + b.abs())) | ~finite  # float32 against float64, scores up to ≈ 100
+    return bool((torch.isnan(a) == torch.isnan(b)).all() and same_inf.all() and close.all())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_plain_call_never_answers_a_nan_or_inf_input_wrongly(causal):
+    """The one fused call checks its result, not its inputs (call_ops.verify): for NaN / ±inf in one
+    element, one row or one column of q, k or v, it either hands the call to the engine (None) or returns
+    exactly what float64 math gives. (Checking only that out and lse are finite misses a NaN query element
+    in ≈ 5 % of such cases: the fused kernel drops NaN scores like hidden keys.) Finite inputs never fall
+    back."""
+    from selfattention.hf_masks import _plain_call
+
+    gen = torch.Generator().manual_seed(11 + causal)
+    for case in range(240):
+        t, d = int(torch.randint(1, 60, (), generator=gen)), int(torch.randint(1, 33, (), generator=gen))
+        q, k, v = (torch.randn(1, 2, t, d, generator=gen) for _ in range(3))
+        bad = (q, k, v)[case % 3]
+        val = (math.nan, math.inf, -math.inf)[(case // 3) % 3]
+        h, i, j = case % 2, int(torch.randint(t, (), generator=gen)), int(torch.randint(d, (), generator=gen))
+        where = (case // 9) % 3
+        if where == 0:
+            bad[0, h, i, j] = val
+        elif where == 1:
+            bad[0, h, i, :] = val
+        else:
+            bad[0, h, :, j] = val
+        got = _plain_call(q, k, v, causal, 1 / math.sqrt(d))
+        assert got is None or _same_with_nan(got, _naive64(q, k, v, causal, 1 / math.sqrt(d))), case
+    for t in (1, 2, 7, 64, 300):
+        for size in (0.1, 1.0, 5.0):
+            q, k, v = (torch.randn(1, 2, t, 16, generator=gen) * size for _ in range(3))
+            got = _plain_call(q, k, v, causal, 0.25)
+            assert got is not None and _same_with_nan(got, _naive64(q, k, v, causal, 0.25))
