@@ -8,13 +8,24 @@ call reads when the mask was made for fewer (docs/flex.md).
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
+import numbers
+from collections.abc import Mapping
 
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-__all__ = ["CAPTURED_COPY_MAX", "WALK_DEPTH", "WALK_ITEMS_MAX", "Snapshot", "captured", "table_entries"]
+__all__ = [
+    "CAPTURED_COPY_MAX",
+    "WALK_BUDGET",
+    "WALK_DEPTH",
+    "WALK_ITEMS_MAX",
+    "Snapshot",
+    "captured",
+    "table_entries",
+]
 
 
 def table_entries(n: int, entries: int, device_type: str) -> torch.Tensor:
@@ -71,90 +82,182 @@ version counter only, which misses writes through ``.data``)."""
 
 def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = None) -> list[torch.Tensor]:
     """The tensors ``fn`` reads besides its arguments: its closure cells, defaults and the globals its code
-    names; a ``functools.partial``'s arguments; a callable object's attributes (this library's ready mods)
-    or a bound method's object's; and, recursively (:data:`WALK_DEPTH` levels), what is found there — the
-    entries of dicts, lists and tuples, the attributes of plain objects (``ns.doc``, slots too), the callables inside
-    (``and_masks``' list of mods). ``bound`` (a list) receives (holder, key, value) for the tensors and
-    numbers held by a closure cell (key None), a dict or an object's attributes (key a name) or a list
-    (key an index), which a later assignment can rebind (``nonlocal offset``, ``cfg["inner"]["doc"] = …``,
-    ``self.ids = …``, ``ids[0] = …``). Containers over :data:`WALK_ITEMS_MAX` entries are not walked."""
-    seen = set() if seen is None else seen
-    if id(fn) in seen or depth > WALK_DEPTH:
+    names (nested functions' code too); a ``functools.partial``'s arguments; a callable object's
+    attributes (this library's ready mods) and its ``__call__``'s; a bound method's object's; and,
+    recursively (:data:`WALK_DEPTH` levels), what is found there — the entries of dicts, lists and tuples,
+    the attributes of objects and their classes (``ns.doc``; ``__slots__``; an ``nn.Module``'s buffers and
+    submodules, not its parameters), numpy arrays (as tensors on their memory), the callables inside (``and_masks``' list of mods). ``bound`` (a list) receives
+    (holder, key, value) for what a closure cell (key None), a dict or an object (key a name) or a list
+    (key an index) holds — tensors, numbers, strings, containers, objects — which a later assignment can
+    rebind (``nonlocal offset``, ``cfg["inner"]["doc"] = …``, ``self.ids = …``, ``DOCS = [new]``).
+
+    Not walked: containers over :data:`WALK_ITEMS_MAX` entries, anything past :data:`WALK_BUDGET` values
+    in all, properties and ``__getattr__``, what a cached function returns
+    (docs/flex.md). An object whose attributes cannot be read (a dead weak proxy, a ``__getattr__`` that
+    raises) is skipped."""
+    seen = _Seen() if seen is None else seen
+    if id(fn) in seen or depth > WALK_DEPTH or _spent(seen) > WALK_BUDGET:
         return []
     seen.add(id(fn))
     found: list = []
-    if isinstance(fn, functools.partial):
-        found += [fn.func, *fn.args, *fn.keywords.values()]
-    code = getattr(fn, "__code__", None)
-    if code is not None:
-        cells = [c for c in (fn.__closure__ or ()) if _filled(c)]
-        glob = getattr(fn, "__globals__", {})
-        names = [n for n in code.co_names if n in glob]
-        if bound is not None:
-            bound += [(c, None, c.cell_contents) for c in cells if _watched(c.cell_contents)]
-            bound += [(glob, n, glob[n]) for n in names if _watched(glob[n])]
-        found += [c.cell_contents for c in cells]
-        found += list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
-        found += [glob[n] for n in names]
-        owner = getattr(fn, "__self__", None)  # a bound method: its object's attributes
-        if owner is not None and _plain(owner):
-            found.append(vars(owner))
-    elif _plain(fn):
-        found.append(vars(fn))
+    try:
+        if isinstance(fn, functools.partial):
+            found += [fn.func, *fn.args, *fn.keywords.values()]
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            cells = [c for c in (fn.__closure__ or ()) if _filled(c)]
+            glob = getattr(fn, "__globals__", {})
+            names = [n for n in _names(code) if n in glob]
+            if bound is not None:
+                bound += [(c, None, c.cell_contents) for c in cells if _watched(c.cell_contents)]
+                bound += [(glob, n, glob[n]) for n in names if _watched(glob[n])]
+            found += [c.cell_contents for c in cells]
+            found += list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
+            found += [glob[n] for n in names]
+            owner = getattr(fn, "__self__", None)  # a bound method: its object's attributes
+            if owner is not None and not inspect.ismodule(owner):
+                found.append(owner)
+        elif not isinstance(fn, type) and not inspect.ismodule(fn):
+            # a callable object: its __call__'s code too (an nn.Module's: its forward)
+            call = getattr(type(fn), "forward" if isinstance(fn, torch.nn.Module) else "__call__", None)
+            if getattr(call, "__code__", None) is not None:
+                found.append(call)
+            found += [v for _, _, v in _members(fn, seen, bound)]
+    except Exception:  # an object that refuses to be looked at: what was found so far
+        pass
     out: list[torch.Tensor] = []
     for x in found:
         out += _walk(x, depth, seen, bound)
     return out
 
 
-WALK_DEPTH = 3
+WALK_DEPTH = 4
 """How many levels of callables, containers and objects :func:`captured` walks from the mask function."""
 
 WALK_ITEMS_MAX = 256
 """Entries beyond which a dict, list, tuple or object's attributes are not walked (a model's state)."""
 
+WALK_BUDGET = 1024
+"""Values :func:`captured` reads from containers and objects in all (each one watched is compared on every
+call: about 0.3 µs each)."""
+
 
 def _walk(x, depth: int, seen: set, bound: list | None) -> list[torch.Tensor]:
-    """The tensors in ``x``, a value a mask function reaches: itself, or what it holds (see :func:`captured`)."""
+    """The tensors in ``x``, a value a mask function reaches: itself, or what it holds (see :func:`captured`);
+    [] for what cannot be looked at (a dead weak proxy raises on ``isinstance``)."""
+    try:
+        return _walk_value(x, depth, seen, bound)
+    except Exception:
+        return []
+
+
+def _walk_value(x, depth: int, seen: set, bound: list | None) -> list[torch.Tensor]:
     if isinstance(x, torch.Tensor):
         if id(x) in seen:
             return []
         seen.add(id(x))
         return [x]
-    if isinstance(x, type) or inspect.ismodule(x) or isinstance(x, int | float | str | bytes | None):
+    if _atom(x) or id(x) in seen or _spent(seen) > WALK_BUDGET:
         return []
-    if callable(x):
-        return captured(x, depth + 1, seen, bound)
-    if isinstance(x, dict | list | tuple) or _plain(x) or _slots(x):
-        if id(x) in seen or depth >= WALK_DEPTH:
-            return []
+    if type(x).__module__ == "numpy" and type(x).__name__ == "ndarray":  # watched as a tensor on its memory
         seen.add(id(x))
-        if isinstance(x, dict | list | tuple):
-            holder, items = x, list(x.items()) if isinstance(x, dict) else list(enumerate(x))
-        elif _plain(x):
-            holder, items = vars(x), list(vars(x).items())
+        return [torch.from_numpy(x)]  # (an object array raises: not watched)
+    if callable(x) and not isinstance(x, type):
+        return captured(x, depth + 1, seen, bound)
+    if depth >= WALK_DEPTH:
+        return []
+    seen.add(id(x))
+    members = _members(x, seen, bound)
+    out: list[torch.Tensor] = []
+    for _, _, v in members:
+        out += _walk(v, depth + 1, seen, bound)
+    return out
+
+
+def _members(x, seen: set, bound: list | None) -> list[tuple]:
+    """(holder, key, value) for what container or object ``x`` holds, [] for more than
+    :data:`WALK_ITEMS_MAX` entries or past the walk's :data:`WALK_BUDGET`; those a later assignment can
+    rebind go to ``bound`` as well."""
+    if isinstance(x, type):  # a class the function names (``C.doc``): its own attributes
+        members = [(x.__dict__, k, v) for k, v in vars(x).items() if _class_value(k, v)]
+    elif isinstance(x, dict):
+        members = [(x, k, v) for k, v in x.items()]
+    elif isinstance(x, list | tuple | collections.deque):
+        members = [(x, i, v) for i, v in enumerate(x)]
+    elif isinstance(x, torch.nn.Module):  # buffers and submodules (``self.doc``), not the parameters
+        members = [(d, k, v) for d in (x._buffers, x._modules) for k, v in d.items()]
+        members += [(vars(x), k, v) for k, v in vars(x).items() if not k.startswith("_")]
+    else:
+        try:
+            attrs = vars(x)
+        except Exception:  # no __dict__ (or a __getattr__ that raises for it)
+            attrs = None
+        if isinstance(attrs, dict):
+            members = [(attrs, k, v) for k, v in attrs.items()]
         else:  # an object with __slots__ (a dataclass(slots=True)): its filled slots, read by name
-            holder, items = x, [(n, getattr(x, n)) for n in _slots(x) if hasattr(x, n)]
-        if len(items) > WALK_ITEMS_MAX:
-            return []
-        if bound is not None and not isinstance(holder, tuple):  # a tuple's entries cannot be rebound
-            bound += [(holder, key, v) for key, v in items if _watched(v)]
-        out: list[torch.Tensor] = []
-        for _, v in items:
-            out += _walk(v, depth + 1, seen, bound)
-        return out
-    return []
+            members = [(x, n, v) for n in _slots(x) if (v := _slot(x, n)) is not _EMPTY]
+        cls = type(x)  # and its class's attributes (``self.doc`` where doc is class-level)
+        if not _atom(cls) and not isinstance(x, torch.nn.Module):
+            members += [(cls.__dict__, k, v) for k, v in vars(cls).items() if _class_value(k, v)]
+    if len(members) > WALK_ITEMS_MAX or _spent(seen) + len(members) > WALK_BUDGET:
+        return []
+    if isinstance(seen, _Seen):
+        seen.spent += len(members)
+    if bound is not None and not isinstance(x, tuple):  # a tuple's entries cannot be rebound
+        bound += [m for m in members if _watched(m[2])]
+        if isinstance(x, dict | list | collections.deque):  # a key added or an entry appended
+            bound.append((x, SIZE, len(x)))
+    return members
 
 
-def _plain(x) -> bool:
-    """Whether ``x`` is an object whose attributes :func:`captured` reads (not a module or a class)."""
-    return hasattr(x, "__dict__") and not inspect.ismodule(x) and not isinstance(x, type)
+class _Seen(set):
+    """The ids a walk has looked at, and how many values it has read (:data:`WALK_BUDGET`)."""
+
+    spent = 0
+
+
+def _spent(seen: set) -> int:
+    return seen.spent if isinstance(seen, _Seen) else len(seen)
+
+
+SIZE = object()
+"""The key under which ``bound`` records a dict's or list's length (a key added later: ``cfg.get``)."""
+
+_EMPTY = object()
+
+
+def _slot(x, name: str):
+    """The value in slot ``name`` of ``x``, or _EMPTY when it is unset or cannot be read."""
+    try:
+        return getattr(x, name)
+    except Exception:  # unset (AttributeError), or a __getattr__ that raises something else
+        return _EMPTY
+
+
+def _class_value(name: str, v) -> bool:
+    """Whether a class attribute is data a function may read (not a dunder, a method or a descriptor)."""
+    return not name.startswith("__") and not inspect.isroutine(v) and not hasattr(type(v), "__get__")
+
+
+def _names(code) -> list[str]:
+    """The global names ``code`` reads, with those of the functions and lambdas defined inside it."""
+    names = list(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names += _names(const)
+    return names
+
+
+def _atom(x) -> bool:
+    """A value with nothing inside to walk: a number, string, bytes, None, a module or a built-in class."""
+    if isinstance(x, type):
+        home = str(getattr(x, "__module__", None) or "builtins").split(".")[0]
+        return home in ("builtins", "torch", "numpy", "typing", "collections", "enum", "abc")
+    return isinstance(x, numbers.Number | str | bytes | type(None)) or inspect.ismodule(x)
 
 
 def _slots(x) -> list[str]:
-    """The slot names of ``x``'s class and its bases (an object without ``__dict__``), else []."""
-    if hasattr(x, "__dict__") or isinstance(x, type):
-        return []
+    """The slot names of ``x``'s class and its bases."""
     names = []
     for cls in type(x).__mro__:
         slots = cls.__dict__.get("__slots__", ())
@@ -165,16 +268,20 @@ def _slots(x) -> list[str]:
 
 
 def _watched(x) -> bool:
-    """Whether a value held by a cell, a global or a dict is re-checked on every call: a tensor (by
-    identity) or a number / string (by value; an offset a closure changes with ``nonlocal``)."""
-    return isinstance(x, torch.Tensor | int | float | str)
+    """Whether a value held by a cell, a global, a container or an object is re-checked on every call: a
+    number or string (by value: an offset a closure changes with ``nonlocal``), anything else but a class,
+    a module or a function (by identity: a tensor, a list, an object rebound to another)."""
+    try:
+        return not (isinstance(x, type | bytes | type(None)) or inspect.ismodule(x) or inspect.isroutine(x))
+    except Exception:  # a dead weak proxy
+        return False
 
 
 def _same(a, b) -> bool:
-    """``a is b`` for tensors and other objects, ``==`` for numbers and strings."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return a is b
-    return type(a) is type(b) and a == b
+    """``==`` for numbers and strings of the same type, ``is`` for everything else."""
+    if isinstance(a, numbers.Number | str) and type(a) is type(b):
+        return bool(a == b) or (a != a and b != b)  # a NaN number stays the same NaN
+    return a is b
 
 
 def _now(holder, name):
@@ -182,11 +289,14 @@ def _now(holder, name):
     or deleted)."""
     if name is None:
         return holder.cell_contents if _filled(holder) else None
-    if isinstance(holder, list):
+    if name is SIZE:
+        return len(holder)
+    if isinstance(holder, list | collections.deque):
         return holder[name] if name < len(holder) else None
-    if isinstance(holder, dict):
+    if isinstance(holder, Mapping):  # a dict, an object's __dict__, a class's mappingproxy
         return holder.get(name)
-    return getattr(holder, name, None)  # a slot
+    v = _slot(holder, name)
+    return None if v is _EMPTY else v
 
 
 def _filled(cell) -> bool:
