@@ -166,21 +166,24 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def first_output(result: Any) -> Any:
     """A learner's result: its first element when it returns (output, weights, …); a nested list of numbers
-    (``out.tolist()``) is the output itself."""
-    if isinstance(result, tuple | list) and result and not isinstance(result[0], int | float):
+    (``out.tolist()``, or a loop's list of 0-d tensors) is the output itself."""
+    if isinstance(result, tuple | list) and result and not _scalar(result[0]):
         if isinstance(result, list) and _numeric_rows(result):
             return result
         return result[0]
     return result
 
 
+def _scalar(x: object) -> bool:
+    """A number (not a bool), or a 0-d tensor / numpy scalar (what a loop over tensor entries sums to)."""
+    if isinstance(x, bool):
+        return False
+    return isinstance(x, int | float) or getattr(x, "ndim", None) == 0
+
+
 def _numeric_rows(rows: list) -> bool:
     """Whether ``rows`` is a nested list of numbers (every row a non-empty list of numbers or of such lists)."""
-
-    def number(x: object) -> bool:
-        return isinstance(x, int | float) and not isinstance(x, bool)
-
-    return all(isinstance(r, list) and r and (all(map(number, r)) or _numeric_rows(r)) for r in rows)
+    return all(isinstance(r, list) and r and (all(map(_scalar, r)) or _numeric_rows(r)) for r in rows)
 
 
 def last_line_of(e: BaseException) -> str:
