@@ -66,3 +66,24 @@ def test_a_mask_made_for_the_key_value_heads_reads_the_tables_as_compiled_torch_
     finally:
         torch._dynamo.reset()
     torch.testing.assert_close(eager, compiled, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_under_no_grad_takes_inputs_that_require_grad():
+    """``torch.compile(flex_attention)`` under ``torch.no_grad()`` with parameters' outputs as inputs (they
+    require grad): torch's compiled CPU flex raises "does not support backward on CPU" for them even
+    though no graph is recorded (a new user's run); ours hands it the detached inputs. Oracle: the float64
+    softmax over the sliding window."""
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    bm = create_block_mask(_sliding, None, None, 37, 37, device="cpu")
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            out = torch.compile(flex_attention)(q, k, v, block_mask=bm)
+    finally:
+        torch._dynamo.reset()
+    i = torch.arange(37)
+    scores = (q.double() @ k.double().mT) / 12**0.5
+    scores = scores.masked_fill((i[:, None] - i[None, :]).abs() >= 5, float("-inf"))
+    want = torch.softmax(scores, -1) @ v.double()
+    assert not out.requires_grad
+    assert (out.double() - want).abs().max() < 1e-5

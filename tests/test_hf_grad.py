@@ -316,11 +316,11 @@ def _same_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_plain_call_never_answers_a_nan_or_inf_input_wrongly(causal):
-    """The one fused call checks its result, not its inputs (call_ops.verify): for NaN / ±inf in one
-    element, one row or one column of q, k or v, it either hands the call to the engine (None) or returns
-    exactly what float64 math gives. (Checking only that out and lse are finite misses a NaN query element
-    in ≈ 5 % of such cases: the fused kernel drops NaN scores like hidden keys.) Finite inputs never fall
-    back."""
+    """For NaN / ±inf in one element, one row or one column of q, k or v, the one fused call either hands
+    the call to the engine (None) or returns exactly what float64 math gives; finite inputs never fall
+    back. (A check of the results that only asks whether out and lse are finite would miss a NaN query
+    element in ≈ 5 % of such cases — the fused kernel drops NaN scores like hidden keys — and this test
+    fails for it.)"""
     from selfattention.hf_masks import _plain_call
 
     gen = torch.Generator().manual_seed(11 + causal)

@@ -241,6 +241,10 @@ def flex_attention(
             )  # fmt: skip
     _check_qkv(query, key, value, enable_gqa)
     if symbolic():  # torch.compile / export / vmap: torch's own flex is the vendor kernel there
+        if query.device.type == "cpu" and not torch.is_grad_enabled():
+            # torch's compiled CPU flex refuses inputs that require grad even under no_grad (it has no
+            # backward); under no_grad no graph is recorded, so the detached inputs are the same call
+            query, key, value = query.detach(), key.detach(), value.detach()
         return _torch_flex(query, key, value, score_mod, block_mask, scale, enable_gqa, return_lse,
                            kernel_options, return_aux=return_aux)  # fmt: skip
     _check_options(kernel_options)
