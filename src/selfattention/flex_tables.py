@@ -55,7 +55,7 @@ class Snapshot:
 
     def __init__(self, bm: BlockMask) -> None:
         self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
-        self.bound: list[tuple] = []  # (cell, dict or list; None, name or index; the tensor or number there)
+        self.bound: list[tuple] = []  # (holder, key, value): see captured
         self.captured = [
             (t, t._version, t.detach().clone() if t.numel() <= CAPTURED_COPY_MAX else None)
             for t in captured(bm.mask_mod, bound=self.bound)
@@ -84,17 +84,23 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
     """The tensors ``fn`` reads besides its arguments: its closure cells, defaults and the globals its code
     names (nested functions' code too); a ``functools.partial``'s arguments; a callable object's
     attributes (this library's ready mods) and its ``__call__``'s; a bound method's object's; and,
-    recursively (:data:`WALK_DEPTH` levels), what is found there — the entries of dicts, lists and tuples,
-    the attributes of objects and their classes (``ns.doc``; ``__slots__``; an ``nn.Module``'s buffers and
-    submodules, not its parameters), numpy arrays (as tensors on their memory), the callables inside (``and_masks``' list of mods). ``bound`` (a list) receives
-    (holder, key, value) for what a closure cell (key None), a dict or an object (key a name) or a list
-    (key an index) holds — tensors, numbers, strings, containers, objects — which a later assignment can
-    rebind (``nonlocal offset``, ``cfg["inner"]["doc"] = …``, ``self.ids = …``, ``DOCS = [new]``).
+    recursively (:data:`WALK_DEPTH` levels), what is found there — the entries of dicts, lists, tuples and
+    deques, the attributes of objects and their classes (``ns.doc``; ``__slots__``; an ``nn.Module``'s
+    buffers and submodules, not its parameters), numpy arrays (as tensors on their memory), the callables
+    inside (``and_masks``' list of mods). ``bound`` (a list) receives (holder, key, value) for what a
+    closure cell (key None), a dict or an object (key a name) or a list (key an index) holds — tensors,
+    numbers, strings, containers, objects — which a later assignment can rebind (``nonlocal offset``,
+    ``cfg["inner"]["doc"] = …``, ``self.ids = …``, ``DOCS = [new]``), and a dict's or list's length
+    (key :data:`SIZE`: a key added later).
 
-    Not walked: containers over :data:`WALK_ITEMS_MAX` entries, anything past :data:`WALK_BUDGET` values
-    in all, properties and ``__getattr__``, what a cached function returns
-    (docs/flex.md). An object whose attributes cannot be read (a dead weak proxy, a ``__getattr__`` that
-    raises) is skipped."""
+    Not walked: containers over :data:`WALK_ITEMS_MAX` entries, anything past :data:`WALK_BUDGET` values in
+    all, properties and ``__getattr__``, what a cached function returns (docs/flex.md, "What differs"). An
+    object whose attributes cannot be read (a dead weak proxy, a ``__getattr__`` that raises) is skipped.
+
+    >>> ids = {"doc": torch.tensor([0, 0, 1])}
+    >>> [t.tolist() for t in captured(lambda b, h, q, kv: ids["doc"][q] == ids["doc"][kv])]
+    [[0, 0, 1]]
+    """
     seen = _Seen() if seen is None else seen
     if id(fn) in seen or depth > WALK_DEPTH or _spent(seen) > WALK_BUDGET:
         return []
