@@ -4,6 +4,7 @@ functions that only look alike (one extra key, a gap, a head-dependent window) k
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
@@ -389,6 +390,9 @@ def test_a_nonlocal_number_an_attribute_and_a_dict_entry_the_mod_reads_are_seen(
         assert (out.double() - want).abs().max() < 1e-5, mod
 
 
+_HELPERS: dict = {}  # a global the mask function names, whose function is rebound
+
+
 class _ClassDoc:
     doc = torch.arange(256) // 50  # a class attribute read as _ClassDoc.doc or through self.doc
 
@@ -467,6 +471,54 @@ def _reach_cases(t: int):
     def doc_mod(get):
         return lambda b, h, qi, kv: get()[qi] == get()[kv]
 
+    class Private(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self._doc = ids(50)  # a plain (not registered) attribute with a leading underscore
+
+        def mask(self, b, h, qi, kv):
+            return self._doc[qi] == self._doc[kv]
+
+    class Base:
+        doc = ids(50)
+
+        def mask(self, b, h, qi, kv):
+            return self.doc[qi] == self.doc[kv]
+
+    class Derived(Base):
+        pass
+
+    class Defaults(torch.nn.Module):
+        doc = ids(50)  # a class-level default, set on the instance later
+
+        def mask(self, b, h, qi, kv):
+            return self.doc[qi] == self.doc[kv]
+
+    class Helped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("ids", ids(50))
+
+        def current(self):
+            return self.ids
+
+        def mask(self, b, h, qi, kv):
+            return self.current()[qi] == self.current()[kv]
+
+    private, derived, defaults, helped = Private(), Derived(), Defaults(), Helped()
+    _HELPERS["doc"] = lambda: ids(50)
+    mod_list = [doc_mod(lambda: ids(50))]
+
+    def by_attr(b, h, qi, kv):
+        return by_attr.doc[qi] == by_attr.doc[kv]
+
+    by_attr.doc = ids(50)
+
+    def by_keyword(b, h, qi, kv, doc=None):
+        return doc[qi] == doc[kv]
+
+    by_partial = functools.partial(by_keyword, doc=ids(50))
+
     return [
         ("object attribute in place", doc_mod(lambda: ns.doc), lambda: ns.doc.copy_(ids(45))),
         ("object attribute rebound", doc_mod(lambda: ns.doc), lambda: setattr(ns, "doc", ids(45))),
@@ -486,10 +538,22 @@ def _reach_cases(t: int):
         ("a global class's attribute", doc_mod(lambda: _ClassDoc.doc), lambda: _ClassDoc.doc.copy_(ids(45))),
         ("a numpy offset with nonlocal", np_mod, lambda: set_np(-40)),
         ("a numpy array in place", numpy_mod, lambda: numpy_ids.__setitem__(slice(None), ids(45).numpy())),
+        ("a module's private attribute", private.mask, lambda: private._doc.copy_(ids(45))),
+        ("a module's private attribute rebound", private.mask, lambda: setattr(private, "_doc", ids(45))),
+        ("an instance attribute shadowing the class's", by_class.mask, lambda: setattr(by_class, "doc", ids(45))),
+        ("a base class's attribute", derived.mask, lambda: setattr(Base, "doc", ids(45))),
+        ("a module's class-level default set on it", defaults.mask, lambda: setattr(defaults, "doc", ids(45))),
+        ("a global function rebound", lambda b, h, qi, kv: _HELPERS["doc"]()[qi] == _HELPERS["doc"]()[kv],
+         lambda: _HELPERS.__setitem__("doc", lambda: ids(45))),
+        ("an entry of a list of mods replaced", lambda b, h, qi, kv: mod_list[0](b, h, qi, kv),
+         lambda: mod_list.__setitem__(0, doc_mod(lambda: ids(45)))),
+        ("a function's own attribute", by_attr, lambda: setattr(by_attr, "doc", ids(45))),
+        ("a partial's keyword changed", by_partial, lambda: by_partial.keywords.__setitem__("doc", ids(45))),
+        ("a buffer read through self.helper()", helped.mask, lambda: helped.ids.copy_(ids(45))),
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", range(15))
+@pytest.mark.parametrize("case", range(25))
 def test_what_a_mod_reaches_through_containers_and_objects_is_followed(case):
     """Each of :func:`_reach_cases` after create_block_mask: followed as torch's kernels follow it (a
     breaker run found each 1.2–2.4 off torch's compiled flex, silently). Oracle: float64 math on
@@ -545,3 +609,58 @@ def test_walking_what_a_mod_reads_stops_at_modules_big_containers_and_its_budget
     bm = sa.create_block_mask(mod, None, None, 64, 64, device="cpu", BLOCK_SIZE=16)
     snap = Snapshot(bm)
     assert len(snap.bound) <= WALK_BUDGET + 64 and snap.match(bm)
+
+
+def test_odd_state_neither_crashes_nor_makes_every_call_look_again():
+    """State a mask function can reach that a snapshot cannot copy or compare — inference tensors, a dead
+    weak proxy, sparse / meta buffers, an unchanged tensor holding NaN — and state it never reads that
+    changes on every step — a BatchNorm submodule in training, a cache buffer written in place: calls
+    equal the float64 oracle and the recognised plan is kept (a breaker run: crashes, or a look again on
+    every call at 2.8× its time)."""
+    import weakref
+
+    from tests.test_flex import oracle
+
+    t, blk = 256, 32
+    q, k, v = inputs(1, 2, 2, t, t, 8, 8, seed=9)
+    with torch.inference_mode():
+        inference_ids = torch.arange(t) // 50
+
+    class Owner:
+        pass
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("doc", torch.arange(t) // 50)
+            self.register_buffer("nan_scale", torch.tensor([1.0, float("nan")]))
+            self.register_buffer("sparse", torch.eye(3).to_sparse())
+            self.register_buffer("meta", torch.empty(3, device="meta"))
+            self.register_buffer("k_cache", torch.zeros(4, 8))
+            self.bn = torch.nn.BatchNorm1d(8)
+            owner = Owner()
+            self.owner = weakref.proxy(owner)  # dead at once
+
+        def mask(self, b, h, qi, kv):
+            return (self.doc[qi] == self.doc[kv]) & (self.nan_scale[0] > 0)
+
+        def step(self, x):
+            self.k_cache.add_(1.0)
+            return self.bn(x)
+
+    model = Model().train()
+    cases = [
+        ("inference tensors", lambda b, h, qi, kv: inference_ids[qi] == inference_ids[kv], lambda: None),
+        ("a module with odd buffers, stepped", model.mask, lambda: model.step(torch.randn(5, 8))),
+    ]
+    for name, mod, step in cases:
+        bm = sa.create_block_mask(mod, None, None, t, t, device="cpu", BLOCK_SIZE=blk)
+        assert flex.describe(q, k, v, block_mask=bm).strategy == "documents", name
+        want, _ = oracle(*(x.detach().double() for x in (q, k, v)), _tables_with_mod_now(bm, mod, t, blk))
+        sa.flex_attention(q, k, v, block_mask=bm)
+        looked = flex_masks.LOOKED[bm]
+        for _ in range(2):
+            step()
+            out = sa.flex_attention(q, k, v, block_mask=bm)
+            assert (out.double() - want).abs().max() < 1e-5, name
+        assert flex_masks.LOOKED[bm] is looked, name  # not looked at again

@@ -12,6 +12,7 @@ import collections
 import functools
 import inspect
 import numbers
+import sys
 from collections.abc import Mapping
 
 import torch
@@ -55,24 +56,52 @@ class Snapshot:
 
     def __init__(self, bm: BlockMask) -> None:
         self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
-        self.bound: list[tuple] = []  # (holder, key, value): see captured
-        self.captured = [
-            (t, t._version, t.detach().clone() if t.numel() <= CAPTURED_COPY_MAX else None)
-            for t in captured(bm.mask_mod, bound=self.bound)
-        ]
+        bound: list[tuple] = []  # (holder, key, value): see captured
+        tensors = captured(bm.mask_mod, bound=bound)
+        # only what can be compared again: a dense tensor (not sparse, meta or nested), a value equal to itself
+        self.captured = [(t, _version(t), _copy(t)) for t in tensors if _comparable(t)]
+        self.bound = [(holder, key, v) for holder, key, v in bound if _safe_same(v, v)]
 
     def match(self, bm: BlockMask) -> bool:
-        return (
-            all(
-                a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
-                for a, b in zip(self.tables, _tables_of(bm), strict=True)
+        try:
+            return (
+                all(
+                    a is b or (a is not None and b is not None and a.shape == b.shape and torch.equal(a, b))
+                    for a, b in zip(self.tables, _tables_of(bm), strict=True)
+                )
+                and all(
+                    _version(t) == version and (copy is None or (t.shape == copy.shape and _equal(t, copy)))
+                    for t, version, copy in self.captured
+                )
+                and all(_safe_same(_now(holder, name), v) for holder, name, v in self.bound)
             )
-            and all(
-                t._version == version and (copy is None or (t.shape == copy.shape and torch.equal(t, copy)))
-                for t, version, copy in self.captured
-            )
-            and all(_same(_now(holder, name), t) for holder, name, t in self.bound)
-        )
+        except Exception:  # a value that can no longer be read or compared: look again
+            return False
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter, or None for an inference tensor (it has none: its copy decides)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor | None:
+    return t.detach().clone() if t.numel() <= CAPTURED_COPY_MAX else None
+
+
+def _comparable(t: torch.Tensor) -> bool:
+    return t.layout == torch.strided and not t.is_meta and not t.is_nested
+
+
+def _equal(t: torch.Tensor, copy: torch.Tensor) -> bool:
+    """Equal, NaN where NaN (an unchanged tensor holding NaN is unchanged)."""
+    if torch.equal(t, copy):
+        return True
+    if not t.is_floating_point() and not t.is_complex():
+        return False
+    return bool(((t == copy) | (t.isnan() & copy.isnan())).all())
 
 
 CAPTURED_COPY_MAX = 1 << 20
@@ -86,8 +115,9 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
     attributes (this library's ready mods) and its ``__call__``'s; a bound method's object's; and,
     recursively (:data:`WALK_DEPTH` levels), what is found there — the entries of dicts, lists, tuples and
     deques, the attributes of objects and their classes (``ns.doc``; ``__slots__``; an ``nn.Module``'s
-    buffers and submodules, not its parameters), numpy arrays (as tensors on their memory), the callables
-    inside (``and_masks``' list of mods). ``bound`` (a list) receives (holder, key, value) for what a
+    buffers, submodules and attributes that the walked code or a method it calls names, not its
+    parameters), a user's config module's named attributes, numpy arrays (as tensors on their memory),
+    the callables inside (``and_masks``' list of mods). ``bound`` (a list) receives (holder, key, value) for what a
     closure cell (key None), a dict or an object (key a name) or a list (key an index) holds — tensors,
     numbers, strings, containers, objects — which a later assignment can rebind (``nonlocal offset``,
     ``cfg["inner"]["doc"] = …``, ``self.ids = …``, ``DOCS = [new]``), and a dict's or list's length
@@ -107,19 +137,23 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
     seen.add(id(fn))
     found: list = []
     try:
-        if isinstance(fn, functools.partial):
-            found += [fn.func, *fn.args, *fn.keywords.values()]
+        if isinstance(fn, functools.partial):  # its keywords as a dict: an entry changed is seen
+            found += [fn.func, fn.args, fn.keywords]
         code = getattr(fn, "__code__", None)
         if code is not None:
             cells = [c for c in (fn.__closure__ or ()) if _filled(c)]
             glob = getattr(fn, "__globals__", {})
             names = [n for n in _names(code) if n in glob]
+            if isinstance(seen, _Seen) and not _library_code(code):
+                seen.names.update(_names(code))
             if bound is not None:
                 bound += [(c, None, c.cell_contents) for c in cells if _watched(c.cell_contents)]
                 bound += [(glob, n, glob[n]) for n in names if _watched(glob[n])]
             found += [c.cell_contents for c in cells]
             found += list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
             found += [glob[n] for n in names]
+            if getattr(fn, "__dict__", None):  # a function's own attributes (``mod.window = 70``)
+                found.append(fn.__dict__)
             owner = getattr(fn, "__self__", None)  # a bound method: its object's attributes
             if owner is not None and not inspect.ismodule(owner):
                 found.append(owner)
@@ -128,6 +162,8 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
             call = getattr(type(fn), "forward" if isinstance(fn, torch.nn.Module) else "__call__", None)
             if getattr(call, "__code__", None) is not None:
                 found.append(call)
+                if isinstance(seen, _Seen) and not _library_code(call.__code__):
+                    seen.names.update(_names(call.__code__))
             found += [v for _, _, v in _members(fn, seen, bound)]
     except Exception:  # an object that refuses to be looked at: what was found so far
         pass
@@ -163,10 +199,22 @@ def _walk_value(x, depth: int, seen: set, bound: list | None) -> list[torch.Tens
             return []
         seen.add(id(x))
         return [x]
+    if inspect.ismodule(x) and not _atom_module(x) and isinstance(seen, _Seen) and depth < WALK_DEPTH:
+        # a user's config module (``cfg.WINDOW``): the attributes the walked code names
+        if id(x) in seen:
+            return []
+        seen.add(id(x))
+        attrs = vars(x)
+        members = [(attrs, k, attrs[k]) for k in sorted(seen.names) if k in attrs]
+        if bound is not None:
+            bound += [m for m in members if _watched(m[2])]
+        return [t for _, _, v in members for t in _walk(v, depth + 1, seen, bound)]
     if _atom(x) or id(x) in seen or _spent(seen) > WALK_BUDGET:
         return []
     if type(x).__module__ == "numpy" and type(x).__name__ == "ndarray":  # watched as a tensor on its memory
         seen.add(id(x))
+        if not x.flags.writeable:  # cannot change in place (torch would warn on it)
+            return []
         return [torch.from_numpy(x)]  # (an object array raises: not watched)
     if callable(x) and not isinstance(x, type):
         return captured(x, depth + 1, seen, bound)
@@ -184,15 +232,21 @@ def _members(x, seen: set, bound: list | None) -> list[tuple]:
     """(holder, key, value) for what container or object ``x`` holds, [] for more than
     :data:`WALK_ITEMS_MAX` entries or past the walk's :data:`WALK_BUDGET`; those a later assignment can
     rebind go to ``bound`` as well."""
-    if isinstance(x, type):  # a class the function names (``C.doc``): its own attributes
-        members = [(x.__dict__, k, v) for k, v in vars(x).items() if _class_value(k, v)]
+    if isinstance(x, type):  # a class the function names (``C.doc``): its attributes and its bases'
+        members = _class_members(x)
     elif isinstance(x, dict):
         members = [(x, k, v) for k, v in x.items()]
     elif isinstance(x, list | tuple | collections.deque):
         members = [(x, i, v) for i, v in enumerate(x)]
-    elif isinstance(x, torch.nn.Module):  # buffers and submodules (``self.doc``), not the parameters
-        members = [(d, k, v) for d in (x._buffers, x._modules) for k, v in d.items()]
-        members += [(vars(x), k, v) for k, v in vars(x).items() if not k.startswith("_")]
+    elif isinstance(x, torch.nn.Module):
+        # the buffers, submodules and plain attributes (``self._doc`` too) that the code walked so far names,
+        # or the module's methods it calls — not the parameters, not torch's bookkeeping, not what other
+        # methods use (a step counter, a cache buffer, BatchNorm's running statistics change every step)
+        names = _method_names(type(x), seen.names if isinstance(seen, _Seen) else set())
+        members = [(d, k, v) for d in (x._buffers, x._modules) for k, v in d.items() if k in names]
+        members += [(vars(x), k, v) for k, v in vars(x).items() if k in names and k not in _MODULE_FIELDS]
+        members += [m for m in _class_members(type(x)) if m[1] in names]  # a class-level default
+        members.append((vars(x), SIZE, len(vars(x))))  # set on the instance later
     else:
         try:
             attrs = vars(x)
@@ -202,9 +256,11 @@ def _members(x, seen: set, bound: list | None) -> list[tuple]:
             members = [(attrs, k, v) for k, v in attrs.items()]
         else:  # an object with __slots__ (a dataclass(slots=True)): its filled slots, read by name
             members = [(x, n, v) for n in _slots(x) if (v := _slot(x, n)) is not _EMPTY]
-        cls = type(x)  # and its class's attributes (``self.doc`` where doc is class-level)
-        if not _atom(cls) and not isinstance(x, torch.nn.Module):
-            members += [(cls.__dict__, k, v) for k, v in vars(cls).items() if _class_value(k, v)]
+        if isinstance(
+            attrs, dict
+        ):  # an attribute added later (shadowing a class attribute, a getattr default)
+            members.append((attrs, SIZE, len(attrs)))
+        members += _class_members(type(x))  # ``self.doc`` where doc is class-level, or a base's
     if len(members) > WALK_ITEMS_MAX or _spent(seen) + len(members) > WALK_BUDGET:
         return []
     if isinstance(seen, _Seen):
@@ -213,13 +269,56 @@ def _members(x, seen: set, bound: list | None) -> list[tuple]:
         bound += [m for m in members if _watched(m[2])]
         if isinstance(x, dict | list | collections.deque):  # a key added or an entry appended
             bound.append((x, SIZE, len(x)))
-    return members
+    return [m for m in members if m[1] is not SIZE]
+
+
+def _class_members(cls: type) -> list[tuple]:
+    """The data attributes of ``cls`` and its bases (not builtins', torch's or numpy's), as members."""
+    return [
+        (c.__dict__, k, v)
+        for c in cls.__mro__
+        if not _atom(c)
+        for k, v in vars(c).items()
+        if _class_value(k, v)
+    ]
+
+
+def _method_names(cls: type, names: set[str]) -> set[str]:
+    """``names`` with those read by the methods of ``cls`` (and its user bases) that ``names`` calls, and
+    by the methods those call: the attributes a mask method reaches through ``self.helper()``."""
+    names = set(names)
+    methods = {}
+    for c in reversed(cls.__mro__):
+        if not _atom(c) and c is not torch.nn.Module:
+            for k, v in vars(c).items():
+                code = getattr(getattr(v, "__func__", v), "__code__", None)
+                if code is not None:
+                    methods[k] = code
+    todo = [k for k in methods if k in names]
+    done: set[str] = set()
+    while todo:
+        k = todo.pop()
+        if k in done:
+            continue
+        done.add(k)
+        found = set(_names(methods[k]))
+        names |= found
+        todo += [m for m in found if m in methods and m not in done]
+    return names
+
+
+_MODULE_FIELDS = frozenset(vars(torch.nn.Module()))
+"""The attributes every nn.Module has (training, the parameter / buffer / hook dicts): not user state."""
 
 
 class _Seen(set):
-    """The ids a walk has looked at, and how many values it has read (:data:`WALK_BUDGET`)."""
+    """The ids a walk has looked at, how many values it has read (:data:`WALK_BUDGET`) and the names the
+    code it walked reads (the attributes of a module that count)."""
 
-    spent = 0
+    def __init__(self) -> None:
+        super().__init__()
+        self.spent = 0
+        self.names: set[str] = set()
 
 
 def _spent(seen: set) -> int:
@@ -262,6 +361,26 @@ def _atom(x) -> bool:
     return isinstance(x, numbers.Number | str | bytes | type(None)) or inspect.ismodule(x)
 
 
+def _library_code(code) -> bool:
+    """Code of torch or an installed package (its names — BatchNorm's running_mean — are not the user's)."""
+    path = code.co_filename
+    return "site-packages" in path or "dist-packages" in path or path.startswith("<frozen")
+
+
+def _atom_module(m) -> bool:
+    """A module whose attributes are not user state: the standard library's, torch's, numpy's, this
+    library's, or any installed package's."""
+    top = m.__name__.split(".")[0]
+    path = str(getattr(m, "__file__", None) or "")
+    return (
+        top in sys.stdlib_module_names
+        or top in ("torch", "numpy", "selfattention", "transformers", "builtins")
+        or "site-packages" in path
+        or "dist-packages" in path
+        or not path
+    )
+
+
 def _slots(x) -> list[str]:
     """The slot names of ``x``'s class and its bases."""
     names = []
@@ -273,21 +392,29 @@ def _slots(x) -> list[str]:
     return names
 
 
-def _watched(x) -> bool:
-    """Whether a value held by a cell, a global, a container or an object is re-checked on every call: a
-    number or string (by value: an offset a closure changes with ``nonlocal``), anything else but a class,
-    a module or a function (by identity: a tensor, a list, an object rebound to another)."""
+def _safe_same(a, b) -> bool:
+    """:func:`_same`, False when the comparison itself raises (a dead weak proxy, an ``__eq__`` that
+    raises): such a value is not watched (Snapshot) or counts as changed (match)."""
     try:
-        return not (isinstance(x, type | bytes | type(None)) or inspect.ismodule(x) or inspect.isroutine(x))
-    except Exception:  # a dead weak proxy
+        return bool(_same(a, b))
+    except Exception:
         return False
+
+
+def _watched(x) -> bool:
+    """Whether a value held by a cell, a global, a container or an object is re-checked on every call:
+    everything but None — numbers and strings by value (an offset a closure changes with ``nonlocal``),
+    the rest by identity (a tensor, a list, an object, a function or a class rebound to another)."""
+    return x is not None
 
 
 def _same(a, b) -> bool:
     """``==`` for numbers and strings of the same type, ``is`` for everything else."""
-    if isinstance(a, numbers.Number | str) and type(a) is type(b):
-        return bool(a == b) or (a != a and b != b)  # a NaN number stays the same NaN
-    return a is b
+    if a is b:
+        return True
+    if type(a) is type(b) and isinstance(a, numbers.Number | str):
+        return bool(a == b) or bool(a != a and b != b)  # a NaN number stays the same NaN
+    return False
 
 
 def _now(holder, name):
