@@ -393,6 +393,10 @@ def test_a_nonlocal_number_an_attribute_and_a_dict_entry_the_mod_reads_are_seen(
 _HELPERS: dict = {}  # a global the mask function names, whose function is rebound
 
 
+def _same_doc(model, qi, kv):
+    return model.ids[qi] == model.ids[kv]
+
+
 class _ClassDoc:
     doc = torch.arange(256) // 50  # a class attribute read as _ClassDoc.doc or through self.doc
 
@@ -505,7 +509,52 @@ def _reach_cases(t: int):
         def mask(self, b, h, qi, kv):
             return self.current()[qi] == self.current()[kv]
 
+        @property
+        def doc_ids(self):
+            return self.ids
+
+        def by_property(self, b, h, qi, kv):
+            return self.doc_ids[qi] == self.doc_ids[kv]
+
+    class DerivedHelped(Helped):
+        def current(self):
+            return super().current()
+
+    class Shared(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.low = 0
+            self.register_buffer("doc", ids(50))
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("doc", ids(50))
+
+    class Layered(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+        def mask(self, b, h, qi, kv):
+            return self.layers[0].doc[qi] == self.layers[0].doc[kv]
+
+    class Later(torch.nn.Module):
+        def mask(self, b, h, qi, kv):
+            pad = getattr(self, "pad", None)
+            return (qi >= kv) if pad is None else pad[qi] == pad[kv]
+
     private, derived, defaults, helped = Private(), Derived(), Defaults(), Helped()
+    derived_helped, shared, layered, later = DerivedHelped(), Shared(), Layered(), Later()
+    maybe: dict = {"doc": None}
+
+    def make_in_method(model):
+        def mask(b, h, qi, kv):
+            return _same_doc(model, qi, kv)
+
+        return mask
+
+    in_method = make_in_method(helped)
     _HELPERS["doc"] = lambda: ids(50)
     mod_list = [doc_mod(lambda: ids(50))]
 
@@ -550,10 +599,19 @@ def _reach_cases(t: int):
         ("a function's own attribute", by_attr, lambda: setattr(by_attr, "doc", ids(45))),
         ("a partial's keyword changed", by_partial, lambda: by_partial.keywords.__setitem__("doc", ids(45))),
         ("a buffer read through self.helper()", helped.mask, lambda: helped.ids.copy_(ids(45))),
+        ("two closures over one module, the second's attribute", torch.nn.attention.flex_attention.and_masks(lambda b, h, qi, kv: qi >= shared.low,
+         lambda b, h, qi, kv: shared.doc[qi] == shared.doc[kv]), lambda: shared.doc.copy_(ids(45))),
+        ("a closure cell passed to a global helper", in_method, lambda: helped.ids.copy_(ids(45))),
+        ("a ModuleList's layer", layered.mask, lambda: layered.layers[0].doc.copy_(ids(45))),
+        ("a property reading a buffer", helped.by_property, lambda: helped.ids.copy_(ids(45))),
+        ("super().helper() reading a buffer", derived_helped.mask, lambda: derived_helped.ids.copy_(ids(45))),
+        ("a buffer registered later", later.mask, lambda: later.register_buffer("pad", ids(45))),
+        ("None, then ids", lambda b, h, qi, kv: (qi >= kv) if maybe["doc"] is None
+         else maybe["doc"][qi] == maybe["doc"][kv], lambda: maybe.__setitem__("doc", ids(45))),
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", range(25))
+@pytest.mark.parametrize("case", range(32))
 def test_what_a_mod_reaches_through_containers_and_objects_is_followed(case):
     """Each of :func:`_reach_cases` after create_block_mask: followed as torch's kernels follow it (a
     breaker run found each 1.2–2.4 off torch's compiled flex, silently). Oracle: float64 math on
@@ -644,14 +702,15 @@ def test_odd_state_neither_crashes_nor_makes_every_call_look_again():
         def mask(self, b, h, qi, kv):
             return (self.doc[qi] == self.doc[kv]) & (self.nan_scale[0] > 0)
 
-        def step(self, x):
+        def forward(self, x):  # a training step: a counter, a cache buffer, BatchNorm's statistics
+            self.calls = getattr(self, "calls", 0) + 1
             self.k_cache.add_(1.0)
             return self.bn(x)
 
     model = Model().train()
     cases = [
         ("inference tensors", lambda b, h, qi, kv: inference_ids[qi] == inference_ids[kv], lambda: None),
-        ("a module with odd buffers, stepped", model.mask, lambda: model.step(torch.randn(5, 8))),
+        ("a module with odd buffers, stepped", model.mask, lambda: model(torch.randn(5, 8))),
     ]
     for name, mod, step in cases:
         bm = sa.create_block_mask(mod, None, None, t, t, device="cpu", BLOCK_SIZE=blk)

@@ -131,7 +131,15 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
     >>> [t.tolist() for t in captured(lambda b, h, q, kv: ids["doc"][q] == ids["doc"][kv])]
     [[0, 0, 1]]
     """
-    seen = _Seen() if seen is None else seen
+    if seen is None:  # the names all the reachable code reads first: they decide which attributes count
+        names: set[str] = set()
+        for _ in range(3):
+            first = _Seen(names)
+            captured(fn, 0, first, None)
+            if first.names == names:
+                break
+            names = first.names
+        seen = _Seen(names)
     if id(fn) in seen or depth > WALK_DEPTH or _spent(seen) > WALK_BUDGET:
         return []
     seen.add(id(fn))
@@ -147,8 +155,8 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
             if isinstance(seen, _Seen) and not _library_code(code):
                 seen.names.update(_names(code))
             if bound is not None:
-                bound += [(c, None, c.cell_contents) for c in cells if _watched(c.cell_contents)]
-                bound += [(glob, n, glob[n]) for n in names if _watched(glob[n])]
+                bound += [(c, None, c.cell_contents) for c in cells]
+                bound += [(glob, n, glob[n]) for n in names]
             found += [c.cell_contents for c in cells]
             found += list(fn.__defaults__ or ()) + list((fn.__kwdefaults__ or {}).values())
             found += [glob[n] for n in names]
@@ -179,6 +187,9 @@ WALK_DEPTH = 4
 WALK_ITEMS_MAX = 256
 """Entries beyond which a dict, list, tuple or object's attributes are not walked (a model's state)."""
 
+ABSENT_MAX = 64
+"""Names a module's code reads that it does not have yet, watched per module (set or registered later)."""
+
 WALK_BUDGET = 1024
 """Values :func:`captured` reads from containers and objects in all (each one watched is compared on every
 call: about 0.3 µs each)."""
@@ -207,7 +218,7 @@ def _walk_value(x, depth: int, seen: set, bound: list | None) -> list[torch.Tens
         attrs = vars(x)
         members = [(attrs, k, attrs[k]) for k in sorted(seen.names) if k in attrs]
         if bound is not None:
-            bound += [m for m in members if _watched(m[2])]
+            bound += members
         return [t for _, _, v in members for t in _walk(v, depth + 1, seen, bound)]
     if _atom(x) or id(x) in seen or _spent(seen) > WALK_BUDGET:
         return []
@@ -216,7 +227,7 @@ def _walk_value(x, depth: int, seen: set, bound: list | None) -> list[torch.Tens
         if not x.flags.writeable:  # cannot change in place (torch would warn on it)
             return []
         return [torch.from_numpy(x)]  # (an object array raises: not watched)
-    if callable(x) and not isinstance(x, type):
+    if callable(x) and not isinstance(x, type | torch.nn.Module):  # a module: its state, not its forward
         return captured(x, depth + 1, seen, bound)
     if depth >= WALK_DEPTH:
         return []
@@ -243,10 +254,18 @@ def _members(x, seen: set, bound: list | None) -> list[tuple]:
         # or the module's methods it calls — not the parameters, not torch's bookkeeping, not what other
         # methods use (a step counter, a cache buffer, BatchNorm's running statistics change every step)
         names = _method_names(type(x), seen.names if isinstance(seen, _Seen) else set())
-        members = [(d, k, v) for d in (x._buffers, x._modules) for k, v in d.items() if k in names]
+        if isinstance(seen, _Seen):
+            seen.names |= names
+        every = isinstance(x, torch.nn.ModuleList | torch.nn.Sequential | torch.nn.ModuleDict)  # layers[0]
+        members = [(x._modules, k, v) for k, v in x._modules.items() if every or k in names]
+        members += [(x._buffers, k, v) for k, v in x._buffers.items() if k in names]
         members += [(vars(x), k, v) for k, v in vars(x).items() if k in names and k not in _MODULE_FIELDS]
         members += [m for m in _class_members(type(x)) if m[1] in names]  # a class-level default
-        members.append((vars(x), SIZE, len(vars(x))))  # set on the instance later
+        # a named attribute or buffer that does not exist yet (set or registered later: getattr(self, "pad",
+        # None), a class-level default shadowed) — absent now, watched as None
+        absent = sorted(n for n in names if n not in vars(x) and n not in x._buffers and n not in x._modules)
+        if bound is not None:
+            bound += [(d, n, None) for n in absent[:ABSENT_MAX] for d in (vars(x), x._buffers)]
     else:
         try:
             attrs = vars(x)
@@ -266,7 +285,7 @@ def _members(x, seen: set, bound: list | None) -> list[tuple]:
     if isinstance(seen, _Seen):
         seen.spent += len(members)
     if bound is not None and not isinstance(x, tuple):  # a tuple's entries cannot be rebound
-        bound += [m for m in members if _watched(m[2])]
+        bound += members
         if isinstance(x, dict | list | collections.deque):  # a key added or an entry appended
             bound.append((x, SIZE, len(x)))
     return [m for m in members if m[1] is not SIZE]
@@ -284,16 +303,18 @@ def _class_members(cls: type) -> list[tuple]:
 
 
 def _method_names(cls: type, names: set[str]) -> set[str]:
-    """``names`` with those read by the methods of ``cls`` (and its user bases) that ``names`` calls, and
-    by the methods those call: the attributes a mask method reaches through ``self.helper()``."""
+    """``names`` with those read by the methods and properties of ``cls`` and its user bases that
+    ``names`` calls (every class's version: ``super().helper()``), and by those they call: the attributes a
+    mask method reaches through ``self.helper()`` or ``self.ids_property``."""
     names = set(names)
-    methods = {}
-    for c in reversed(cls.__mro__):
-        if not _atom(c) and c is not torch.nn.Module:
-            for k, v in vars(c).items():
-                code = getattr(getattr(v, "__func__", v), "__code__", None)
-                if code is not None:
-                    methods[k] = code
+    methods: dict[str, list] = {}
+    for c in cls.__mro__:
+        if _atom(c) or c is torch.nn.Module:
+            continue
+        for k, v in vars(c).items():
+            fns = [v.fget, v.fset] if isinstance(v, property) else [getattr(v, "__func__", v)]
+            codes = [f.__code__ for f in fns if getattr(f, "__code__", None) is not None]
+            methods.setdefault(k, []).extend(codes)
     todo = [k for k in methods if k in names]
     done: set[str] = set()
     while todo:
@@ -301,9 +322,10 @@ def _method_names(cls: type, names: set[str]) -> set[str]:
         if k in done:
             continue
         done.add(k)
-        found = set(_names(methods[k]))
-        names |= found
-        todo += [m for m in found if m in methods and m not in done]
+        for code in methods[k]:
+            found = set(_names(code))
+            names |= found
+            todo += [m for m in found if m in methods and m not in done]
     return names
 
 
@@ -315,10 +337,10 @@ class _Seen(set):
     """The ids a walk has looked at, how many values it has read (:data:`WALK_BUDGET`) and the names the
     code it walked reads (the attributes of a module that count)."""
 
-    def __init__(self) -> None:
+    def __init__(self, names: set[str] | None = None) -> None:
         super().__init__()
         self.spent = 0
-        self.names: set[str] = set()
+        self.names: set[str] = set(names or ())
 
 
 def _spent(seen: set) -> int:
@@ -345,11 +367,15 @@ def _class_value(name: str, v) -> bool:
 
 
 def _names(code) -> list[str]:
-    """The global names ``code`` reads, with those of the functions and lambdas defined inside it."""
+    """The names ``code`` reads — globals and attributes, and the identifier-like string constants
+    (``getattr(self, "doc")``, ``self.__dict__["doc"]``) — with those of the functions and lambdas defined
+    inside it."""
     names = list(code.co_names)
     for const in code.co_consts:
         if inspect.iscode(const):
             names += _names(const)
+        elif isinstance(const, str) and const.isidentifier():
+            names.append(const)
     return names
 
 
@@ -399,13 +425,6 @@ def _safe_same(a, b) -> bool:
         return bool(_same(a, b))
     except Exception:
         return False
-
-
-def _watched(x) -> bool:
-    """Whether a value held by a cell, a global, a container or an object is re-checked on every call:
-    everything but None — numbers and strings by value (an offset a closure changes with ``nonlocal``),
-    the rest by identity (a tensor, a list, an object, a function or a class rebound to another)."""
-    return x is not None
 
 
 def _same(a, b) -> bool:
