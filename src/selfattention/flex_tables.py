@@ -58,9 +58,9 @@ class Snapshot:
         self.tables = tuple(None if t is None else t.detach().clone() for t in _tables_of(bm))
         bound: list[tuple] = []  # (holder, key, value): see captured
         tensors = captured(bm.mask_mod, bound=bound)
-        # only what can be compared again: a dense tensor (not sparse, meta or nested), a value equal to itself
+        # only what can be compared again: a dense tensor (not sparse, meta or nested)
         self.captured = [(t, _version(t), _copy(t)) for t in tensors if _comparable(t)]
-        self.bound = [(holder, key, v) for holder, key, v in bound if _safe_same(v, v)]
+        self.bound = bound
 
     def match(self, bm: BlockMask) -> bool:
         try:
@@ -109,7 +109,7 @@ CAPTURED_COPY_MAX = 1 << 20
 version counter only, which misses writes through ``.data``)."""
 
 
-def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = None) -> list[torch.Tensor]:
+def captured(fn, depth: int = 0, seen: _Seen | None = None, bound: list | None = None) -> list[torch.Tensor]:
     """The tensors ``fn`` reads besides its arguments: its closure cells, defaults and the globals its code
     names (nested functions' code too); a ``functools.partial``'s arguments; a callable object's
     attributes (this library's ready mods) and its ``__call__``'s; a bound method's object's; and,
@@ -124,7 +124,7 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
     (key :data:`SIZE`: a key added later).
 
     Not walked: containers over :data:`WALK_ITEMS_MAX` entries, anything past :data:`WALK_BUDGET` values in
-    all, properties and ``__getattr__``, what a cached function returns (docs/flex.md, "What differs"). An
+    all, a property that reads a global, ``__getattr__``, what a cached function returns (docs/flex.md, "What differs"). An
     object whose attributes cannot be read (a dead weak proxy, a ``__getattr__`` that raises) is skipped.
 
     >>> ids = {"doc": torch.tensor([0, 0, 1])}
@@ -140,7 +140,7 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
                 break
             names = first.names
         seen = _Seen(names)
-    if id(fn) in seen or depth > WALK_DEPTH or _spent(seen) > WALK_BUDGET:
+    if id(fn) in seen or depth > WALK_DEPTH or seen.spent > WALK_BUDGET:
         return []
     seen.add(id(fn))
     found: list = []
@@ -151,9 +151,10 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
         if code is not None:
             cells = [c for c in (fn.__closure__ or ()) if _filled(c)]
             glob = getattr(fn, "__globals__", {})
-            names = [n for n in _names(code) if n in glob]
-            if isinstance(seen, _Seen) and not _library_code(code):
-                seen.names.update(_names(code))
+            read = _names(code)
+            names = [n for n in read if n in glob]
+            if not _library_code(code):
+                seen.names.update(read)
             if bound is not None:
                 bound += [(c, None, c.cell_contents) for c in cells]
                 bound += [(glob, n, glob[n]) for n in names]
@@ -166,11 +167,10 @@ def captured(fn, depth: int = 0, seen: set | None = None, bound: list | None = N
             if owner is not None and not inspect.ismodule(owner):
                 found.append(owner)
         elif not isinstance(fn, type) and not inspect.ismodule(fn):
-            # a callable object: its __call__'s code too (an nn.Module's: its forward)
-            call = getattr(type(fn), "forward" if isinstance(fn, torch.nn.Module) else "__call__", None)
+            call = getattr(type(fn), "__call__", None)  # noqa: B004 — its code, not whether it is callable
             if getattr(call, "__code__", None) is not None:
                 found.append(call)
-                if isinstance(seen, _Seen) and not _library_code(call.__code__):
+                if not _library_code(call.__code__):
                     seen.names.update(_names(call.__code__))
             found += [v for _, _, v in _members(fn, seen, bound)]
     except Exception:  # an object that refuses to be looked at: what was found so far
@@ -195,7 +195,7 @@ WALK_BUDGET = 1024
 call: about 0.3 µs each)."""
 
 
-def _walk(x, depth: int, seen: set, bound: list | None) -> list[torch.Tensor]:
+def _walk(x, depth: int, seen: _Seen, bound: list | None) -> list[torch.Tensor]:
     """The tensors in ``x``, a value a mask function reaches: itself, or what it holds (see :func:`captured`);
     [] for what cannot be looked at (a dead weak proxy raises on ``isinstance``)."""
     try:
@@ -204,13 +204,13 @@ def _walk(x, depth: int, seen: set, bound: list | None) -> list[torch.Tensor]:
         return []
 
 
-def _walk_value(x, depth: int, seen: set, bound: list | None) -> list[torch.Tensor]:
+def _walk_value(x, depth: int, seen: _Seen, bound: list | None) -> list[torch.Tensor]:
     if isinstance(x, torch.Tensor):
         if id(x) in seen:
             return []
         seen.add(id(x))
         return [x]
-    if inspect.ismodule(x) and not _atom_module(x) and isinstance(seen, _Seen) and depth < WALK_DEPTH:
+    if inspect.ismodule(x) and not _atom_module(x) and depth < WALK_DEPTH:
         # a user's config module (``cfg.WINDOW``): the attributes the walked code names
         if id(x) in seen:
             return []
@@ -220,7 +220,7 @@ def _walk_value(x, depth: int, seen: set, bound: list | None) -> list[torch.Tens
         if bound is not None:
             bound += members
         return [t for _, _, v in members for t in _walk(v, depth + 1, seen, bound)]
-    if _atom(x) or id(x) in seen or _spent(seen) > WALK_BUDGET:
+    if _atom(x) or id(x) in seen or seen.spent > WALK_BUDGET:
         return []
     if type(x).__module__ == "numpy" and type(x).__name__ == "ndarray":  # watched as a tensor on its memory
         seen.add(id(x))
@@ -239,7 +239,7 @@ def _walk_value(x, depth: int, seen: set, bound: list | None) -> list[torch.Tens
     return out
 
 
-def _members(x, seen: set, bound: list | None) -> list[tuple]:
+def _members(x, seen: _Seen, bound: list | None) -> list[tuple]:
     """(holder, key, value) for what container or object ``x`` holds, [] for more than
     :data:`WALK_ITEMS_MAX` entries or past the walk's :data:`WALK_BUDGET`; those a later assignment can
     rebind go to ``bound`` as well."""
@@ -253,9 +253,8 @@ def _members(x, seen: set, bound: list | None) -> list[tuple]:
         # the buffers, submodules and plain attributes (``self._doc`` too) that the code walked so far names,
         # or the module's methods it calls — not the parameters, not torch's bookkeeping, not what other
         # methods use (a step counter, a cache buffer, BatchNorm's running statistics change every step)
-        names = _method_names(type(x), seen.names if isinstance(seen, _Seen) else set())
-        if isinstance(seen, _Seen):
-            seen.names |= names
+        names = _method_names(type(x), seen.names)
+        seen.names |= names
         every = isinstance(x, torch.nn.ModuleList | torch.nn.Sequential | torch.nn.ModuleDict)  # layers[0]
         members = [(x._modules, k, v) for k, v in x._modules.items() if every or k in names]
         members += [(x._buffers, k, v) for k, v in x._buffers.items() if k in names]
@@ -271,19 +270,14 @@ def _members(x, seen: set, bound: list | None) -> list[tuple]:
             attrs = vars(x)
         except Exception:  # no __dict__ (or a __getattr__ that raises for it)
             attrs = None
-        if isinstance(attrs, dict):
-            members = [(attrs, k, v) for k, v in attrs.items()]
+        if isinstance(attrs, dict):  # with its length: an attribute added later (a getattr default)
+            members = [(attrs, k, v) for k, v in attrs.items()] + [(attrs, SIZE, len(attrs))]
         else:  # an object with __slots__ (a dataclass(slots=True)): its filled slots, read by name
             members = [(x, n, v) for n in _slots(x) if (v := _slot(x, n)) is not _EMPTY]
-        if isinstance(
-            attrs, dict
-        ):  # an attribute added later (shadowing a class attribute, a getattr default)
-            members.append((attrs, SIZE, len(attrs)))
         members += _class_members(type(x))  # ``self.doc`` where doc is class-level, or a base's
-    if len(members) > WALK_ITEMS_MAX or _spent(seen) + len(members) > WALK_BUDGET:
+    if len(members) > WALK_ITEMS_MAX or seen.spent + len(members) > WALK_BUDGET:
         return []
-    if isinstance(seen, _Seen):
-        seen.spent += len(members)
+    seen.spent += len(members)
     if bound is not None and not isinstance(x, tuple):  # a tuple's entries cannot be rebound
         bound += members
         if isinstance(x, dict | list | collections.deque):  # a key added or an entry appended
@@ -341,10 +335,6 @@ class _Seen(set):
         super().__init__()
         self.spent = 0
         self.names: set[str] = set(names or ())
-
-
-def _spent(seen: set) -> int:
-    return seen.spent if isinstance(seen, _Seen) else len(seen)
 
 
 SIZE = object()
@@ -419,8 +409,8 @@ def _slots(x) -> list[str]:
 
 
 def _safe_same(a, b) -> bool:
-    """:func:`_same`, False when the comparison itself raises (a dead weak proxy, an ``__eq__`` that
-    raises): such a value is not watched (Snapshot) or counts as changed (match)."""
+    """:func:`_same`, False (changed) when the comparison itself raises (a dead weak proxy, an ``__eq__``
+    that raises)."""
     try:
         return bool(_same(a, b))
     except Exception:

@@ -416,13 +416,8 @@ _READ = {"ok": 1, "read_short": 0, "read_long": 2, "write_next": 1, "shifted": 2
 def _decode_probes(_subject: Any) -> list[Probe]:
     gen = _gen()
     probes = []
-    for pos in (
-        0,
-        3,
-        4,
-        5,
-        6,
-    ):  # 4, 5, 6: a cache read of pos + 2, + 1, + 0 keys gives d_k = 6 keys (Q·K runs)
+    # pos = 4, 5, 6: a cache read of pos + 2, pos + 1 or pos keys gives d_k = 6 keys, where Q·K runs
+    for pos in (0, 3, 4, 5, 6):
         q, k, v = _randn(gen, 1, D_K), _randn(gen, 1, D_K), _randn(gen, 1, D_V)
         k_cache, v_cache = _randn(gen, T_MAX, D_K), _randn(gen, T_MAX, D_V)  # slots ≥ pos: garbage
         probes.append(
