@@ -167,20 +167,42 @@ def _dense_bias_call(
 
     c = vendor.compute_dtype(query.device, query.dtype)
     hidden, seen = _cached_hidden(vis, c, query.device, cache)
-    if position_bias is None:
-        bias = hidden
-    else:
-        bias = position_bias.to(c) if hidden is None else position_bias.to(c) + hidden
+    bias = hidden if position_bias is None else _summed_bias(position_bias, hidden, c, cache)
     while bias is not None and bias.dim() < 4:
         bias = bias.unsqueeze(0)
     if vendor.unavailable(query.device, c) is None:
         out, lse = vendor.forward(*(t.to(c) for t in (query, key, value)), bias, False, scale)
         if seen is not None:
             out, lse = torch.where(seen[..., None], out, 0.0), torch.where(seen, lse, -math.inf)
-        if bool(torch.isfinite(out.sum())) and not bool(torch.isnan(lse.sum())):  # one sync, as the engine
+        # one synchronisation: a finite output and no NaN lse (−inf marks a row that sees nothing; the
+        # clamp keeps it finite and a NaN NaN, and a +inf lse counts as not finite, as a NaN)
+        if math.isfinite(out.sum().add_(lse.clamp(min=-1e20).sum()).item()):
             return out.to(query.dtype), lse
     full = vis if bias is None else vis.with_mask(bias)
     return engine.attention(query, key, value, engine.make_problem(query, key, value, full, scale))
+
+
+def _summed_bias(
+    position_bias: torch.Tensor, hidden: torch.Tensor | None, c: torch.dtype, cache: dict | None
+) -> torch.Tensor:
+    """The position bias plus the mask's −inf, contiguous in ``c``, once per LazyMask for one bias tensor.
+
+    T5 computes its bias in the first layer and hands the same tensor to every layer of the stack, as a
+    permuted view of its (Tq, Tk, H) embedding lookup; the fused CPU kernel copies a bias that is not
+    contiguous on every call (measured at H = 4, T = 256: 474 µs a call against 314 with a contiguous
+    one; the copy alone takes 83 µs), and an element-wise sum keeps the permuted layout. The cache holds
+    the tensor itself, so the entry is only reused for that object at that version."""
+    hit = None if cache is None else cache.get("position_bias")
+    if hit is not None and hit[0] is position_bias and hit[1] == position_bias._version and hit[2] == c:
+        return hit[3]
+    if hidden is None:
+        bias = position_bias.to(c).contiguous()
+    else:  # summed into a contiguous tensor: the sum of a permuted view would keep the permuted layout
+        shape = torch.broadcast_shapes(position_bias.shape, hidden.shape)
+        bias = torch.add(position_bias, hidden, out=hidden.new_empty(shape))
+    if cache is not None:
+        cache["position_bias"] = (position_bias, position_bias._version, c, bias)
+    return bias
 
 
 def vendor_dtype(query: torch.Tensor) -> torch.dtype:
