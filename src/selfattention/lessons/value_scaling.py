@@ -54,7 +54,7 @@ def verdict(m: dict[str, Any]) -> Verdict:
     return Verdict(
         HOLDS,
         _(
-            "weights unchanged (max change {dw:.0e}); outputs exactly 1.5× (max error {dz:.0e}); position 1: {z1_3I}"
+            "weights unchanged (max change {dw:.1g}); outputs exactly 1.5× (max error {dz:.1g}); position 1: {z1_3I}"
         ).format(dw=dw, dz=dz, z1_3I=m["z1_3I"]),
     )
 
