@@ -359,6 +359,45 @@ def test_mask_less_causal_call_applies_the_sliding_window():
         hf.attention_forward(_module(is_causal=False, groups=2), q, k, v, None, sliding_window=3)
 
 
+def test_the_mask_function_names_a_padding_mask_of_another_batch_or_rank():
+    """A 2-D padding mask with more rows than the batch, or not 2-D: a ValueError naming attention_mask
+    (eager and sdpa index its first rows and run on; our call raised deep inside torch without grad)."""
+    from transformers.masking_utils import causal_mask_function
+
+    for bad, words in (
+        (torch.ones(3, 8, dtype=torch.long), "3 rows"),
+        (torch.ones(2, 8, 8, dtype=torch.bool), "2-D padding mask"),
+    ):
+        with pytest.raises(ValueError, match=words) as err:
+            hf.attention_mask(2, 8, 8, mask_function=causal_mask_function, attention_mask=bad)
+        assert "attention_mask" in str(err.value)
+    one = torch.ones(1, 8, dtype=torch.long)  # one row broadcasts over the batch
+    assert hf.attention_mask(2, 8, 8, mask_function=causal_mask_function, attention_mask=one) is not None
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_a_lazy_mask_keeps_the_padding_it_was_made_with(grad):
+    """The caller edits its 2-D mask in place after the 4-D mask was made: as sdpa's dense mask, the lazy
+    mask keeps the padding of when it was made, with and without autograd (it held a view of a bool mask,
+    and one route followed the edit)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import causal_mask_function, sdpa_mask
+
+    am = torch.ones(2, 6, dtype=torch.bool)
+    am[0, :2] = False
+    lazy = hf.attention_mask(2, 6, 6, mask_function=causal_mask_function, attention_mask=am)
+    dense = sdpa_mask(
+        2, 6, 6, mask_function=causal_mask_function, attention_mask=am, allow_is_causal_skip=False
+    )
+    q, k, v = (t.float().requires_grad_(grad) for t in _qkv(6, 6))
+    am[1, :3] = False  # after the masks were made
+    with torch.set_grad_enabled(grad):
+        ours, _ = hf.attention_forward(_module(groups=2), q, k, v, lazy)
+        theirs, _ = sdpa_attention_forward(_module(groups=2), q, k, v, dense)
+    assert (ours - theirs).abs().max() <= 1e-5
+    assert torch.equal(lazy.to_dense()[1, 0, 5], torch.ones(6, dtype=torch.bool))
+
+
 def test_bool_and_float_masks_match_sdpa():
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 

@@ -179,40 +179,39 @@ def test_a_bias_without_grad_runs_the_fused_route_with_q_k_v_gradients(routes):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_a_shared_permuted_bias_is_summed_once_and_never_served_stale(causal, monkeypatch):
-    """T5's layers share one bias tensor, a permuted view of its (Tq, Tk, H) lookup: the fused route sums
-    it with the mask once per LazyMask into a contiguous tensor (the kernel would copy a permuted one on
-    every call). Each call equals the float64 definition with the bias as it is *now*: the same tensor
-    changed in place, and a new tensor at a freed one's address, are summed again."""
-    from selfattention import hf_masks
+def test_a_shared_permuted_bias_reaches_the_kernel_contiguous_and_as_it_is_now(causal, monkeypatch):
+    """T5's layers share one bias tensor, a permuted view of its (Tq, Tk, H) lookup: the fused route hands
+    the kernel the bias plus the mask as one contiguous tensor (the kernel would copy a permuted one at
+    twice the cost). Each call equals the float64 definition with the bias as it is *now*: changed in
+    place, changed through ``.data`` (no version counter sees it), replaced, and under inference mode."""
+    from selfattention.kernels import vendor
 
-    made = []
-    summed = hf_masks._summed_bias
+    biases = []
+    forward = vendor.forward
 
-    def counted(*a):
-        got = summed(*a)
-        made.append(got)
-        return got
+    def spy(q, k, v, bias, causal_, scale):
+        biases.append(bias)
+        return forward(q, k, v, bias, causal_, scale)
 
-    monkeypatch.setattr(hf_masks, "_summed_bias", counted)
+    monkeypatch.setattr(vendor, "forward", spy)
     lazy, keep = _keep(2, 21, 21, causal=causal)
     q, k, v = (t.detach().float() for t in _qkv(2, 21, 21, 4, 2, 6))
     table = torch.randn(21, 21, 4)
     bias = table.permute(2, 0, 1).unsqueeze(0)  # (1, H, Tq, Tk), not contiguous
     assert not bias.is_contiguous()
-    seen = []
-    with torch.no_grad():
-        for layer in range(4):
-            if layer == 2:
-                table.mul_(-2.0)  # the same tensor, changed in place
-            if layer == 3:
-                bias = torch.randn(21, 21, 4).permute(2, 0, 1).unsqueeze(0)  # a new tensor
+    for layer in range(5):
+        if layer == 2:
+            table.mul_(-2.0)  # the same tensor, changed in place
+        if layer == 3:
+            bias.data.mul_(3.0)  # through .data: its version counter does not move
+        mode = torch.inference_mode() if layer == 4 else torch.no_grad()
+        with mode:
+            if layer == 4:  # a new tensor, made under inference mode (it has no version counter)
+                bias = torch.randn(21, 21, 4).permute(2, 0, 1).unsqueeze(0)
             out, _ = hf.attention_forward(_module(2), q, k, v, lazy, scaling=0.3, position_bias=bias)
-            ref = reference(q, k, v, bias, keep, 0.3)
-            assert (out.transpose(1, 2) - ref).abs().max() <= 1e-5 * max(1.0, float(ref.abs().max()))
-            seen.append(made[-1])
-    assert seen[0] is seen[1] and seen[0].is_contiguous()  # summed once for the first two layers
-    assert seen[2] is not seen[1] and seen[3] is not seen[2]  # then again after each change
+        ref = reference(q, k, v, bias, keep, 0.3)
+        assert (out.transpose(1, 2) - ref).abs().max() <= 1e-5 * max(1.0, float(ref.abs().max())), layer
+        assert biases[-1] is not None and biases[-1].is_contiguous()
 
 
 def test_learned_bias_with_per_head_sinks_gets_every_gradient(routes):

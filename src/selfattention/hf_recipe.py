@@ -327,12 +327,25 @@ def _lazy_mask(
     parts = recognise(fn)
     key_mask, kinds = None, []
     if attention_mask is not None:
-        pad = attention_mask.to(device=device, dtype=torch.bool)
+        if attention_mask.dim() != 2:
+            raise ValueError(
+                f"attention_mask for a mask function must be the 2-D padding mask (B, Tk), 1 = token; got "
+                f"shape {tuple(attention_mask.shape)} (a prepared 4-D mask is passed to the model as it is)"
+            )
+        if attention_mask.shape[0] not in (1, batch_size):
+            # (eager and sdpa index the first rows and run on: a mask of another batch is a caller's slip)
+            raise ValueError(
+                f"attention_mask has {attention_mask.shape[0]} rows (shape {tuple(attention_mask.shape)}) "
+                f"but the batch has {batch_size} sequences: pass one row per sequence"
+            )
+        # a copy: the lazy mask must not follow later edits of the caller's tensor (sdpa's dense mask is
+        # made here, once; a bool mask's .to(bool) would be the caller's tensor itself)
+        pad = attention_mask.to(device=device, dtype=torch.bool, copy=True)
         if pad.shape[-1] < kv_off + kv_length:
             pad = torch.nn.functional.pad(pad, (0, kv_off + kv_length - pad.shape[-1]))
         _add(parts, "padding", pad)
     for pad in parts.padding or []:
-        cut = pad[:, kv_off : kv_off + kv_length].to(device=device, dtype=torch.bool)
+        cut = pad[:, kv_off : kv_off + kv_length].to(device=device, dtype=torch.bool, copy=True)
         key_mask = cut if key_mask is None else key_mask & cut
     if key_mask is not None:
         if bool(key_mask.all()):
