@@ -329,3 +329,32 @@ def test_func_errors():
         flash_attn_qkvpacked_func(q)
     with pytest.raises(TypeError, match="softmax_scale"):
         flash_attn_func(q, q, q, softmax_scale="x")
+
+
+@pytest.mark.parametrize(
+    "kw", [{}, {"causal": True}, {"softcap": 5.0}, {"alibi_slopes": torch.tensor([0.7, 0.1])}]
+)
+def test_a_varlen_batch_where_no_query_sees_a_key_stays_in_the_graph(kw):
+    """Sequence 0 has 3 queries and no key, sequence 1 keys and no query: output zeros, and a backward that
+    gives zero gradients (flash-attn's output always has a grad_fn). With softcap or ALiBi the output came
+    back detached and ``backward`` raised (a breaker run)."""
+    cuq = torch.tensor([0, 3, 3], dtype=torch.int32)
+    cuk = torch.tensor([0, 0, 3], dtype=torch.int32)
+    q, k, v = (torch.randn(3, 2, 16, requires_grad=True) for _ in range(3))
+    out = flash_attn_varlen_func(q, k, v, cuq, cuk, 3, 3, **kw)
+    assert out.requires_grad and torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and torch.equal(t.grad, torch.zeros_like(t))
+
+
+def test_flags_take_numpy_bools_and_name_other_types():
+    """``causal=np.bool_(True)`` (a flag read from a numpy config) works as True; 1 or a tensor is refused
+    with the type named by its module (the message said "must be a bool, got bool" for numpy's)."""
+    np = pytest.importorskip("numpy")
+    q, k, v = (torch.randn(1, 5, 2, 8) for _ in range(3))
+    assert torch.equal(flash_attn_func(q, k, v, causal=np.bool_(True)), flash_attn_func(q, k, v, causal=True))
+    with pytest.raises(TypeError, match=r"causal must be a bool, got torch\.Tensor$"):
+        flash_attn_func(q, k, v, causal=torch.tensor(True))
+    with pytest.raises(TypeError, match=r"causal must be a bool, got int \(1\)"):
+        flash_attn_func(q, k, v, causal=1)

@@ -138,7 +138,7 @@ BAD_INPUTS = [
         "is_causal_tensor",
         dict(is_causal=torch.tensor(True)),
         TypeError,
-        r"is_causal must be a bool, got Tensor",
+        r"is_causal must be a bool, got torch\.Tensor",
     ),
     ("enable_gqa_str", dict(enable_gqa="yes"), TypeError, r"enable_gqa must be a bool, got str"),
 ]

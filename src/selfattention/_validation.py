@@ -332,10 +332,17 @@ def check_dropout(dropout_p: float) -> float:
 
 
 def check_bool(name: str, value: object) -> bool:
-    """``value`` must be a real ``bool`` (not 1, not a tensor): flags like ``is_causal`` change the math."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-    return value
+    """``value`` must be a real ``bool`` or numpy's (not 1, not a tensor): flags like ``is_causal`` change the
+    math. Returns a Python bool."""
+    if isinstance(value, bool):
+        return value
+    kind = type(value)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
+        return bool(value)
+    where = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+    shown = repr(value) if isinstance(value, (int, float, str)) else ""
+    shown = f" ({shown})" if shown and len(shown) <= 40 and "\n" not in shown else ""
+    raise TypeError(f"{name} must be a bool, got {where}{kind.__qualname__}{shown}")
 
 
 def check_positive_int(name: str, value: object) -> int:
