@@ -776,3 +776,21 @@ def test_a_visible_inf_value_is_not_poisoned_by_a_hidden_nan(backend, blocks):
         fn = sa.tiled.tiled_attention if backend == "tiled" else get_backend(backend)
         out = fn(q[None], k[None], v[None], mask, **kw)[0]
         torch.testing.assert_close(out, want, equal_nan=True, rtol=1e-12, atol=1e-12)
+
+
+def test_a_visible_nan_value_under_a_weight_that_underflows_to_zero_is_nan_as_in_the_spec():
+    """Tq = 2 < Tk = 3, causal bottom-right: query 0 sees keys 0–1 and its weight on key 1 is exp(−1100),
+    exactly 0 in float64; key 1's value is NaN. IEEE gives 0 · NaN = NaN (the spec, torch); the tiled
+    engine merged the block holding key 1 with weight 0 and dropped it (a new user's fuzz run). A block
+    that saw nothing (lse −inf) still contributes nothing."""
+    nan = float("nan")
+    q = torch.tensor([[100.0], [0.0]], dtype=torch.float64)
+    k = torch.tensor([[1.0], [-10.0], [0.0]], dtype=torch.float64)
+    v = torch.tensor([[1.0], [nan], [2.0]], dtype=torch.float64)
+    ref = sa.scaled_dot_product_attention(q, k, v, is_causal=True, backend="reference")
+    got = sa.scaled_dot_product_attention(q, k, v, is_causal=True, backend="tiled")
+    assert torch.isnan(ref).all() and torch.isnan(got).all()
+    hidden = torch.tensor([[100.0], [0.0], [5.0]], dtype=torch.float64)  # key 2 hidden from query 0
+    v2 = torch.tensor([[1.0], [2.0], [nan]], dtype=torch.float64)
+    out = sa.scaled_dot_product_attention(q, hidden, v2, is_causal=True, backend="tiled")
+    assert torch.isfinite(out[0]).all() and torch.isnan(out[1]).all()

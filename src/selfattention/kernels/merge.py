@@ -97,9 +97,11 @@ def merge_states(
     od = torch.promote_types(out_a.dtype, out_b.dtype)
     work = torch.promote_types(od, acc)
     zero = torch.zeros((), dtype=work, device=out_a.device)
-    # a part that saw nothing contributes nothing, even if its output holds NaN (nor NaN gradients)
-    pa = wa.unsqueeze(-1).to(work) * torch.where((wa == 0).unsqueeze(-1), zero, out_a.to(work))
-    pb = wb.unsqueeze(-1).to(work) * torch.where((wb == 0).unsqueeze(-1), zero, out_b.to(work))
+    # a part that saw nothing (lse −inf) contributes nothing, even if its output holds NaN (nor NaN
+    # gradients); a part that saw keys whose weight underflows to 0 still passes on a NaN (0 · NaN, as the
+    # spec's IEEE arithmetic gives for a visible NaN value under a weight of exactly 0)
+    pa = wa.unsqueeze(-1).to(work) * torch.where((lse_a == -math.inf).unsqueeze(-1), zero, out_a.to(work))
+    pb = wb.unsqueeze(-1).to(work) * torch.where((lse_b == -math.inf).unsqueeze(-1), zero, out_b.to(work))
     return (pa + pb).to(od), lse
 
 
@@ -110,7 +112,7 @@ def merge_into(out_acc: torch.Tensor, lse_acc: torch.Tensor, out: torch.Tensor, 
     zero = torch.zeros((), dtype=out_acc.dtype, device=out_acc.device)
     out_acc.mul_(wa.unsqueeze(-1).to(out_acc.dtype))
     add = torch.where(
-        (wb == 0).unsqueeze(-1), zero, out.to(out_acc.dtype) * wb.unsqueeze(-1).to(out_acc.dtype)
+        (lse == -math.inf).unsqueeze(-1), zero, out.to(out_acc.dtype) * wb.unsqueeze(-1).to(out_acc.dtype)
     )
     out_acc.add_(add)
     lse_acc.copy_(new)
