@@ -340,8 +340,7 @@ def check_bool(name: str, value: object) -> bool:
     if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):
         return bool(value)
     where = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
-    shown = repr(value) if isinstance(value, (int, float, str)) else ""
-    shown = f" ({shown})" if shown and len(shown) <= 40 and "\n" not in shown else ""
+    shown = f" ({value!r})" if isinstance(value, (int, float)) else ""  # short, one line
     raise TypeError(f"{name} must be a bool, got {where}{kind.__qualname__}{shown}")
 
 

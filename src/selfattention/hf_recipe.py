@@ -338,13 +338,13 @@ def _lazy_mask(
                 f"attention_mask has {attention_mask.shape[0]} rows (shape {tuple(attention_mask.shape)}) "
                 f"but the batch has {batch_size} sequences: pass one row per sequence"
             )
-        # a copy: the lazy mask must not follow later edits of the caller's tensor (sdpa's dense mask is
-        # made here, once; a bool mask's .to(bool) would be the caller's tensor itself)
-        pad = attention_mask.to(device=device, dtype=torch.bool, copy=True)
+        pad = attention_mask.to(device=device, dtype=torch.bool)
         if pad.shape[-1] < kv_off + kv_length:
             pad = torch.nn.functional.pad(pad, (0, kv_off + kv_length - pad.shape[-1]))
         _add(parts, "padding", pad)
     for pad in parts.padding or []:
+        # a copy: the lazy mask must not follow later edits of the caller's tensor (sdpa's dense mask is
+        # made here, once; a bool mask's .to(bool) would be the caller's tensor itself)
         cut = pad[:, kv_off : kv_off + kv_length].to(device=device, dtype=torch.bool, copy=True)
         key_mask = cut if key_mask is None else key_mask & cut
     if key_mask is not None:

@@ -135,7 +135,6 @@ def attention(
     grad = torch.is_grad_enabled() and not any(t.is_inference() for t in (qa, ka, va))
     outs, lses, maxes = [], [], []
     done = 0
-    computed = False
 
     def gap(n: int) -> None:
         if n > 0:
@@ -153,7 +152,6 @@ def attention(
         fn = partial(_joined, vis, scale, score_mod, i0, c0, z - a)
         args = (q_parts[i0 // block_q], *k_parts[a:z], *v_parts[a:z])
         o, l, m = checkpoint(fn, *args, use_reentrant=False) if grad else fn(*args)
-        computed = True
         outs.append(o)
         lses.append(l)
         maxes.append(m)
@@ -162,7 +160,7 @@ def attention(
     out = torch.cat(outs, dim=2) if len(outs) > 1 else outs[0]
     lse = torch.cat(lses, dim=2) if len(lses) > 1 else lses[0]
     mx = torch.cat(maxes, dim=2) if len(maxes) > 1 else maxes[0]
-    if not computed and grad and any(t.requires_grad for t in (qa, ka, va)):
+    if done == 0 and grad and any(t.requires_grad for t in (qa, ka, va)):
         # no row sees a key: zeros that stay in the graph (zero gradients), as on every other route
         out, lse = _Blind.apply(out, lse, qa, ka, va)
     return out.to(q.dtype), lse, mx.detach()
